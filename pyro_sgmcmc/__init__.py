@@ -1,0 +1,26 @@
+"""pyro_sgmcmc: scalable Bayesian learning in Pyro.
+
+Stochastic-gradient MCMC kernels (:class:`SGLD`, :class:`SGHMC`, :class:`SGNHT`) that run
+inside :class:`pyro.infer.MCMC` on models with subsampled plates.
+"""
+
+from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, SGMCMCKernel, SGMCMCState
+from .potential import ModelError, ModelPotential
+from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SGLD",
+    "SGHMC",
+    "SGNHT",
+    "SGMCMCKernel",
+    "SGMCMCState",
+    "DivergenceError",
+    "ModelPotential",
+    "ModelError",
+    "Schedule",
+    "Constant",
+    "RobbinsMonro",
+    "make_schedule",
+]

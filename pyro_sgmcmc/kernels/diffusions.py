@@ -1,0 +1,110 @@
+"""Pure update rules of the tempered stochastic-gradient diffusions.
+
+All three rules discretise the tempered SDE of the seed paper (Duffield et al.,
+"Scalable Bayesian Learning with posteriors")
+
+.. math:: dz = (D + Q)\\, N^{-1} \\nabla \\log \\pi(z)\\, dt + \\sqrt{2 \\mathcal{T} D}\\, dw,
+          \\qquad \\mathcal{T} = T / N,
+
+whose stationary distribution is :math:`\\pi(z)^{1/T}`. ``drift`` below is always the
+*normalised* drift :math:`N^{-1} \\nabla \\log \\pi` (minus the gradient of the potential,
+divided by N), ``step_size`` is :math:`\\epsilon` and ``noise_temperature`` is
+:math:`\\mathcal{T} = T / N`. ``noise`` is a standard normal draw of the position's shape,
+or ``None`` when :math:`\\mathcal{T} = 0` (no noise is drawn at all).
+
+The functions act elementwise on tensors of any shape ``(..., dim)``; the last axis is the
+parameter axis (used only by the SGNHT thermostat), the leading axes are chains. They never
+modify their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["langevin_step", "underdamped_step", "nose_hoover_step"]
+
+
+def langevin_step(
+    position: torch.Tensor,
+    drift: torch.Tensor,
+    step_size: float,
+    noise_temperature: float,
+    noise: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """One SGLD step (overdamped Langevin, :math:`D = I`, :math:`Q = 0`).
+
+    .. math:: z' = z + \\epsilon\\, N^{-1} \\nabla \\log \\pi(z) + \\sqrt{2 \\epsilon \\mathcal{T}}\\, \\zeta
+
+    At :math:`\\mathcal{T} = 0` this is gradient descent on :math:`N^{-1} U` with learning rate
+    :math:`\\epsilon`.
+    """
+    new_position = position + step_size * drift
+    if noise is not None:
+        new_position = new_position + math.sqrt(2.0 * step_size * noise_temperature) * noise
+    return new_position
+
+
+def underdamped_step(
+    position: torch.Tensor,
+    momentum: torch.Tensor,
+    drift: torch.Tensor,
+    step_size: float,
+    noise_temperature: float,
+    friction: float,
+    mass: float,
+    noise: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One SGHMC step (underdamped Langevin), momentum first, then position with the new momentum.
+
+    .. math::
+        m' &= m + \\epsilon\\, N^{-1} \\nabla \\log \\pi(z) - \\epsilon \\alpha\\, m / \\sigma^2
+              + \\sqrt{2 \\epsilon \\mathcal{T} \\alpha}\\, \\zeta \\\\
+        z' &= z + \\epsilon\\, m' / \\sigma^2
+
+    with friction :math:`\\alpha` and mass :math:`\\sigma^2`. This is the symplectic-Euler order
+    that PyTorch's SGD uses, so at :math:`\\mathcal{T} = 0` the trajectory equals
+    ``torch.optim.SGD(lr=eps / sigma^2, momentum=1 - eps * alpha / sigma^2, dampening=1 - eps)`` on
+    :math:`N^{-1} U` step for step, with PyTorch's momentum buffer equal to :math:`-m`.
+    """
+    new_momentum = (1.0 - step_size * friction / mass) * momentum + step_size * drift
+    if noise is not None:
+        new_momentum = new_momentum + math.sqrt(2.0 * step_size * noise_temperature * friction) * noise
+    new_position = position + (step_size / mass) * new_momentum
+    return new_position, new_momentum
+
+
+def nose_hoover_step(
+    position: torch.Tensor,
+    momentum: torch.Tensor,
+    thermostat: torch.Tensor,
+    drift: torch.Tensor,
+    step_size: float,
+    noise_temperature: float,
+    diffusion: float,
+    mass: float,
+    noise: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One SGNHT step (stochastic-gradient Nose-Hoover thermostat, Ding et al. 2014).
+
+    .. math::
+        m' &= m + \\epsilon\\, N^{-1} \\nabla \\log \\pi(z) - \\epsilon \\xi\\, m / \\sigma^2
+              + \\sqrt{2 \\epsilon \\mathcal{T} \\alpha}\\, \\zeta \\\\
+        z' &= z + \\epsilon\\, m' / \\sigma^2 \\\\
+        \\xi' &= \\xi + \\epsilon \\left( \\frac{m' \\cdot m'}{\\sigma^2 d} - \\mathcal{T} \\right)
+
+    The thermostat :math:`\\xi` (one per chain, shape ``position.shape[:-1]``) adapts the friction
+    until the kinetic temperature :math:`m \\cdot m / (\\sigma^2 d)` equals :math:`\\mathcal{T}`,
+    absorbing unknown gradient noise. :math:`\\alpha` (``diffusion``) sets the injected noise.
+    """
+    xi = thermostat.unsqueeze(-1)
+    new_momentum = momentum - (step_size / mass) * xi * momentum + step_size * drift
+    if noise is not None:
+        new_momentum = new_momentum + math.sqrt(2.0 * step_size * noise_temperature * diffusion) * noise
+    new_position = position + (step_size / mass) * new_momentum
+    dim = position.shape[-1]
+    kinetic_temperature = (new_momentum * new_momentum).sum(-1) / (mass * dim)
+    new_thermostat = thermostat + step_size * (kinetic_temperature - noise_temperature)
+    return new_position, new_momentum, new_thermostat

@@ -1,0 +1,322 @@
+"""From a Pyro model to an unconstrained, minibatch log density and its gradient.
+
+Pyro's :func:`pyro.infer.mcmc.util.initialize_model` refuses models with subsampled plates,
+because an exact MCMC kernel cannot work with a noisy density. Stochastic-gradient kernels
+need exactly that noisy density, so this module does the model initialisation itself:
+
+* the model is traced once (in :class:`ModelPotential`'s constructor, i.e. the kernel's
+  ``setup``) to find the latent sites, their shapes and supports, the subsampled plates and
+  the number of data ``N``;
+* every latent site is moved to unconstrained space with
+  ``torch.distributions.biject_to(site.support)``; the log-det Jacobian is added to the target;
+* each evaluation re-runs the model with the latent values substituted, so every call draws a
+  fresh minibatch through the model's ``pyro.plate(..., subsample_size=B)`` statements, and
+  Pyro scales each site's log-probability by ``size / subsample_size``. The estimate
+
+  .. math:: \\widehat{\\log \\pi}(z) = \\log p(\\theta) + \\frac{N}{B} \\sum_{n \\in \\mathcal{B}}
+            \\log p(y_n \\mid \\theta) + \\log |\\det J_{T}(z)|, \\qquad \\theta = T(z),
+
+  and its gradient are unbiased for the full-data log posterior in unconstrained space.
+
+The position of one chain is a flat vector ``z`` of ``dim`` unconstrained values; the sites are
+views into it in the sorted order of their names (Pyro's own convention for ``MCMC`` draws).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from torch.distributions import biject_to
+
+import pyro
+import pyro.poutine as poutine
+from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
+from pyro.poutine.subsample_messenger import _Subsample
+
+__all__ = ["LatentSite", "SubsamplePlate", "ModelPotential", "ModelError"]
+
+
+class ModelError(ValueError):
+    """The model cannot be sampled by a stochastic-gradient kernel (the message says why)."""
+
+
+@dataclass(frozen=True)
+class LatentSite:
+    """A latent sample site and where its unconstrained value lives in the flat position."""
+
+    name: str
+    shape: torch.Size  # constrained shape
+    unconstrained_shape: torch.Size
+    offset: int
+    numel: int
+    transform: torch.distributions.Transform  # unconstrained -> constrained
+    has_jacobian: bool  # False for the identity (real support): no log-det term to add
+
+    @property
+    def slice(self) -> slice:
+        return slice(self.offset, self.offset + self.numel)
+
+
+@dataclass(frozen=True)
+class SubsamplePlate:
+    """A plate that was subsampled: its name, full ``size`` and ``subsample_size``."""
+
+    name: str
+    size: int
+    subsample_size: int
+
+    @property
+    def scale(self) -> float:
+        return self.size / self.subsample_size
+
+
+class ModelPotential:
+    """The unconstrained, minibatch potential energy :math:`U(z) = -\\widehat{\\log \\pi}(z)` of a Pyro model.
+
+    Parameters
+    ----------
+    model : callable
+        A Pyro model. Latent sites must be continuous and global (outside every subsampled
+        plate); observed sites may sit in any number of plates, subsampled or not, nested or not.
+    model_args, model_kwargs :
+        The arguments the model is called with on every evaluation.
+    init_strategy : callable
+        A Pyro init strategy (:func:`pyro.infer.autoguide.init_to_uniform`, ``init_to_median``,
+        ``init_to_sample``, ``init_to_value(values=...)``, ...), used by :meth:`initial_position`.
+    num_data : int, optional
+        :math:`N`, the number of data that normalises the drift. By default the number of
+        likelihood terms: over observed sites, the largest product of the *full* sizes of the
+        plates around the site (for the usual ``pyro.plate("data", N, subsample_size=B)`` model,
+        ``N``). A model with no plate around its observations has ``N = 1``.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
+    ...     with pyro.plate("data", len(y), subsample_size=2) as idx:
+    ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y[idx])
+    >>> potential = ModelPotential(model, (torch.tensor([0., 1., 2., 3.]),), {})
+    >>> potential.dim, potential.num_data, [p.name for p in potential.subsample_plates]
+    (1, 4, ['data'])
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        model_args: tuple = (),
+        model_kwargs: Optional[dict] = None,
+        *,
+        init_strategy: Callable = init_to_uniform,
+        num_data: Optional[int] = None,
+    ) -> None:
+        self.model = model
+        self.model_args = tuple(model_args)
+        self.model_kwargs = dict(model_kwargs or {})
+        self.init_strategy = init_strategy
+
+        with poutine.block():
+            prototype = poutine.trace(InitMessenger(init_strategy)(model)).get_trace(
+                *self.model_args, **self.model_kwargs
+            )
+        self.subsample_plates = _find_subsample_plates(prototype)
+        self.sites, self._prototype_values = _find_latent_sites(prototype, self.subsample_plates)
+        self.dim = sum(site.numel for site in self.sites)
+        first = next(iter(self._prototype_values.values()))
+        self.dtype, self.device = first.dtype, first.device
+        self.num_data = _default_num_data(prototype, self.subsample_plates) if num_data is None else _check_num_data(num_data)
+
+        # Built once: the model with latent values substituted from a dict refilled in place.
+        self._values: Dict[str, torch.Tensor] = {}
+        self._conditioned_model = poutine.condition(model, data=self._values)
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def site_names(self) -> List[str]:
+        return [site.name for site in self.sites]
+
+    @property
+    def transforms(self) -> Dict[str, torch.distributions.Transform]:
+        """Pyro's convention: ``name -> transform from constrained to unconstrained space``."""
+        return {site.name: site.transform.inv for site in self.sites}
+
+    def unpack(self, position: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Split a flat position ``(..., dim)`` into unconstrained site values ``(..., *shape)``."""
+        batch = position.shape[:-1]
+        return {site.name: position[..., site.slice].reshape(batch + site.unconstrained_shape) for site in self.sites}
+
+    def pack(self, params: Mapping[str, torch.Tensor], batch_shape: Tuple[int, ...] = ()) -> torch.Tensor:
+        """Concatenate unconstrained site values ``{name: (*batch_shape, *shape)}`` into ``(*batch_shape, dim)``."""
+        missing = [s.name for s in self.sites if s.name not in params]
+        unknown = sorted(set(params) - set(self.site_names))
+        if missing or unknown:
+            raise ValueError(
+                f"initial_params must give exactly the latent sites {self.site_names}; "
+                f"missing {missing}, unknown {unknown}"
+            )
+        parts = []
+        for site in self.sites:
+            value = torch.as_tensor(params[site.name], dtype=self.dtype, device=self.device)
+            expected = tuple(batch_shape) + tuple(site.unconstrained_shape)
+            if tuple(value.shape) != expected:
+                raise ValueError(
+                    f"initial_params[{site.name!r}] must have the unconstrained shape {expected}; got {tuple(value.shape)}"
+                )
+            parts.append(value.reshape(tuple(batch_shape) + (site.numel,)))
+        return torch.cat(parts, dim=-1)
+
+    def constrain(self, position: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Map a flat unconstrained position to constrained site values."""
+        return {site.name: site.transform(u) for site, u in zip(self.sites, self.unpack(position).values())}
+
+    # ------------------------------------------------------------------ evaluation
+    def log_density(self, position: torch.Tensor) -> torch.Tensor:
+        """Minibatch estimate of :math:`\\log \\pi(z)` in unconstrained space for one chain (``position``: ``(dim,)``).
+
+        Re-runs the model, so each call draws a fresh minibatch.
+        """
+        values = self._values
+        log_det = position.new_zeros(())
+        for site in self.sites:
+            u = position[site.slice].view(site.unconstrained_shape)
+            x = site.transform(u)
+            values[site.name] = x
+            if site.has_jacobian:
+                log_det = log_det + site.transform.log_abs_det_jacobian(u, x).sum()
+        trace = poutine.trace(self._conditioned_model).get_trace(*self.model_args, **self.model_kwargs)
+        return trace.log_prob_sum() + log_det
+
+    def potential_and_grad(self, position: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(U(z), dU/dz)`` for one chain, both detached; ``U = -log_density``."""
+        with torch.enable_grad():
+            z = position.detach().requires_grad_(True)
+            potential = -self.log_density(z)
+            (grad,) = torch.autograd.grad(potential, z, allow_unused=True)
+        if grad is None:
+            grad = torch.zeros_like(position)
+        return potential.detach(), grad
+
+    # ------------------------------------------------------------------ initialisation
+    def initial_position(
+        self,
+        initial_params: Optional[Mapping[str, torch.Tensor]] = None,
+        max_tries: int = 100,
+    ) -> torch.Tensor:
+        """A starting position: ``initial_params`` (unconstrained, Pyro's convention) if given,
+        else a draw from ``init_strategy`` with finite potential and gradient (up to ``max_tries`` draws)."""
+        if initial_params is not None:
+            position = self.pack(initial_params)
+            potential, grad = self.potential_and_grad(position)
+            if not (torch.isfinite(potential) and torch.isfinite(grad).all()):
+                raise ValueError("initial_params give a non-finite potential energy or gradient")
+            return position
+        model = InitMessenger(self.init_strategy)(self.model)
+        values = self._prototype_values
+        for _ in range(max_tries):
+            if values is None:
+                with poutine.block():
+                    trace = poutine.trace(model).get_trace(*self.model_args, **self.model_kwargs)
+                values = {s.name: trace.nodes[s.name]["value"].detach() for s in self.sites}
+            position = torch.cat([s.transform.inv(values[s.name]).reshape(-1) for s in self.sites])
+            potential, grad = self.potential_and_grad(position)
+            if torch.isfinite(potential) and torch.isfinite(grad).all():
+                self._prototype_values = None  # the next call draws a new point
+                return position
+            values = None
+        raise ModelError(
+            f"could not find an initial point with finite potential and gradient in {max_tries} draws "
+            "of init_strategy; check the model or pass initial_params"
+        )
+
+
+# ---------------------------------------------------------------------- trace inspection
+def _find_subsample_plates(trace) -> List[SubsamplePlate]:
+    plates = []
+    for name, site in trace.nodes.items():
+        if site["type"] == "sample" and isinstance(site["fn"], _Subsample):
+            size, subsample_size = site["fn"].size, site["fn"].subsample_size
+            if subsample_size is None:
+                continue
+            if subsample_size > size:
+                raise ModelError(
+                    f"plate {name!r} has subsample_size={subsample_size} larger than its size={size}; "
+                    "Pyro would use all data but scale the likelihood by size/subsample_size < 1. "
+                    f"Use subsample_size <= {size}"
+                )
+            if subsample_size < size:
+                plates.append(SubsamplePlate(name, int(size), int(subsample_size)))
+    return plates
+
+
+def _find_latent_sites(trace, subsample_plates) -> Tuple[List[LatentSite], Dict[str, torch.Tensor]]:
+    subsampled = {p.name for p in subsample_plates}
+    latent, discrete, local = [], [], []
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or site["is_observed"] or isinstance(site["fn"], _Subsample):
+            continue
+        if site["fn"].support.is_discrete:
+            discrete.append(name)
+            continue
+        plates = [f.name for f in site["cond_indep_stack"] if f.name in subsampled]
+        if plates:
+            local.append(f"{name!r} (in {plates})")
+            continue
+        latent.append(name)
+    if discrete:
+        raise ModelError(
+            f"discrete latent sites {discrete} cannot be sampled by a gradient-based kernel; "
+            "marginalise them out or observe them"
+        )
+    if local:
+        raise ModelError(
+            f"latent sites {', '.join(local)} are inside a subsampled plate; stochastic-gradient kernels "
+            "sample global latent variables only (move them out of the plate or drop subsample_size)"
+        )
+    if not latent:
+        raise ModelError("the model has no latent sample sites: there is nothing to sample")
+    sites, values, offset = [], {}, 0
+    for name in sorted(latent):
+        site = trace.nodes[name]
+        value = site["value"].detach()
+        transform = biject_to(site["fn"].support)
+        unconstrained = transform.inv(value)
+        sites.append(
+            LatentSite(
+                name=name,
+                shape=value.shape,
+                unconstrained_shape=unconstrained.shape,
+                offset=offset,
+                numel=unconstrained.numel(),
+                transform=transform,
+                has_jacobian=not _is_identity(transform),
+            )
+        )
+        values[name] = value
+        offset += unconstrained.numel()
+    return sites, values
+
+
+def _is_identity(transform) -> bool:
+    while isinstance(transform, torch.distributions.transforms.IndependentTransform):
+        transform = transform.base_transform
+    return isinstance(transform, torch.distributions.transforms.ComposeTransform) and not transform.parts
+
+
+def _default_num_data(trace, subsample_plates) -> int:
+    full_size = {p.name: p.size for p in subsample_plates}
+    num_data = 1
+    for site in trace.nodes.values():
+        if site["type"] == "sample" and site["is_observed"]:
+            sizes = [full_size.get(f.name, f.size) for f in site["cond_indep_stack"] if f.vectorized]
+            terms = math.prod(size for size in sizes if size is not None and size > 0)
+            num_data = max(num_data, int(terms))
+    return num_data
+
+
+def _check_num_data(num_data) -> int:
+    if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
+        raise ValueError(f"num_data must be a positive integer (the number of data N); got {num_data!r}")
+    return num_data
