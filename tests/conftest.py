@@ -1,0 +1,11 @@
+import pytest
+import torch
+
+
+@pytest.fixture
+def float64():
+    """Run a test in float64 (restores the default dtype afterwards)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
