@@ -34,6 +34,7 @@ from torch.distributions import biject_to
 import pyro
 import pyro.poutine as poutine
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
+from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 
 __all__ = ["LatentSite", "SubsamplePlate", "ModelPotential", "ModelError"]
@@ -119,9 +120,8 @@ class ModelPotential:
         self.init_strategy = init_strategy
 
         with poutine.block():
-            prototype = poutine.trace(InitMessenger(init_strategy)(model)).get_trace(
-                *self.model_args, **self.model_kwargs
-            )
+            checked = _SubsampleCheck()(InitMessenger(_discrete_from_prior(init_strategy))(model))
+            prototype = poutine.trace(checked).get_trace(*self.model_args, **self.model_kwargs)
         self.subsample_plates = _find_subsample_plates(prototype)
         self.sites, self._prototype_values = _find_latent_sites(prototype, self.subsample_plates)
         self.dim = sum(site.numel for site in self.sites)
@@ -233,6 +233,29 @@ class ModelPotential:
 
 
 # ---------------------------------------------------------------------- trace inspection
+class _SubsampleCheck(Messenger):
+    """Fail early, naming the plate, when ``subsample_size > size`` (Pyro's own error does not name it)."""
+
+    def _pyro_sample(self, msg) -> None:
+        fn = msg["fn"]
+        if isinstance(fn, _Subsample) and fn.subsample_size is not None and fn.subsample_size > fn.size:
+            raise ModelError(
+                f"plate {msg['name']!r} has subsample_size={fn.subsample_size} larger than its size={fn.size}; "
+                f"use subsample_size <= {fn.size}"
+            )
+
+
+def _discrete_from_prior(init_strategy: Callable) -> Callable:
+    """Init strategies raise on discrete sites; draw those from the prior so the site check can name them."""
+
+    def init(site):
+        if site["fn"].support.is_discrete:
+            return site["fn"].sample().detach()
+        return init_strategy(site)
+
+    return init
+
+
 def _find_subsample_plates(trace) -> List[SubsamplePlate]:
     plates = []
     for name, site in trace.nodes.items():
@@ -240,12 +263,6 @@ def _find_subsample_plates(trace) -> List[SubsamplePlate]:
             size, subsample_size = site["fn"].size, site["fn"].subsample_size
             if subsample_size is None:
                 continue
-            if subsample_size > size:
-                raise ModelError(
-                    f"plate {name!r} has subsample_size={subsample_size} larger than its size={size}; "
-                    "Pyro would use all data but scale the likelihood by size/subsample_size < 1. "
-                    f"Use subsample_size <= {size}"
-                )
             if subsample_size < size:
                 plates.append(SubsamplePlate(name, int(size), int(subsample_size)))
     return plates
