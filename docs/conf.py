@@ -50,6 +50,8 @@ import torch
 import pyro
 import pyro.distributions as dist
 from pyro_sgmcmc import *
+
+torch.set_num_threads(1)  # tiny tensors: one thread is fastest, and no oversubscription under load
 """
 
 # -- HTML ----------------------------------------------------------------------------------------

@@ -132,6 +132,7 @@ class ModelPotential:
         # Built once: the model with latent values substituted from a dict refilled in place.
         self._values: Dict[str, torch.Tensor] = {}
         self._conditioned_model = poutine.condition(model, data=self._values)
+        self._batched_fn = None
 
     # ------------------------------------------------------------------ layout
     @property
@@ -173,12 +174,20 @@ class ModelPotential:
         return {site.name: site.transform(u) for site, u in zip(self.sites, self.unpack(position).values())}
 
     # ------------------------------------------------------------------ evaluation
-    def log_density(self, position: torch.Tensor) -> torch.Tensor:
-        """Minibatch estimate of :math:`\\log \\pi(z)` in unconstrained space for one chain (``position``: ``(dim,)``).
+    def log_density(self, position: torch.Tensor, indices: Optional[Mapping[str, torch.Tensor]] = None) -> torch.Tensor:
+        """Minibatch estimate of :math:`\\log \\pi(z)` in unconstrained space for one chain.
 
-        Re-runs the model, so each call draws a fresh minibatch.
+        Parameters
+        ----------
+        position : Tensor ``(dim,)``
+        indices : dict, optional
+            ``{plate name: LongTensor (subsample_size,)}``, the minibatch of each subsampled plate.
+            By default each plate draws its own fresh subsample (Pyro's behaviour).
         """
         values = self._values
+        values.clear()
+        if indices:
+            values.update(indices)
         log_det = position.new_zeros(())
         for site in self.sites:
             u = position[site.slice].view(site.unconstrained_shape)
@@ -189,15 +198,42 @@ class ModelPotential:
         trace = poutine.trace(self._conditioned_model).get_trace(*self.model_args, **self.model_kwargs)
         return trace.log_prob_sum() + log_det
 
-    def potential_and_grad(self, position: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def potential_and_grad(
+        self, position: torch.Tensor, indices: Optional[Mapping[str, torch.Tensor]] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(U(z), dU/dz)`` for one chain, both detached; ``U = -log_density``."""
         with torch.enable_grad():
             z = position.detach().requires_grad_(True)
-            potential = -self.log_density(z)
+            potential = -self.log_density(z, indices)
             (grad,) = torch.autograd.grad(potential, z, allow_unused=True)
         if grad is None:
             grad = torch.zeros_like(position)
         return potential.detach(), grad
+
+    def batched_potential_and_grad(
+        self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(U, dU/dz)`` for a batch of chains in one vectorised call.
+
+        ``positions`` is ``(num_chains, dim)`` and ``indices`` maps each subsampled plate to a
+        ``(num_chains, subsample_size)`` LongTensor: every chain sees its own minibatch. The model
+        runs once under :func:`torch.func.vmap` (Pyro's validation is switched off inside, as
+        ``pyro.infer.MCMC`` does: unconstrained values are always in the support).
+        Returns ``(num_chains,)`` and ``(num_chains, dim)``.
+        """
+        if positions.shape[0] == 1:  # no vmap overhead for a single chain
+            potential, grad = self.potential_and_grad(positions[0], {k: v[0] for k, v in indices.items()})
+            return potential.unsqueeze(0), grad.unsqueeze(0)
+        if self._batched_fn is None:
+            self._batched_fn = torch.func.vmap(
+                torch.func.grad_and_value(self._potential), in_dims=(0, 0), randomness="different"
+            )
+        with pyro.validation_enabled(False), torch.enable_grad():
+            grad, potential = self._batched_fn(positions.detach(), dict(indices))
+        return potential.detach(), grad.detach()
+
+    def _potential(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return -self.log_density(position, indices)
 
     # ------------------------------------------------------------------ initialisation
     def initial_position(

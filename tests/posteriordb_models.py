@@ -35,11 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-import torch
-
 import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
+import torch
 from pyro.distributions import constraints
 
 __all__ = [

@@ -3,16 +3,23 @@
 A concrete kernel (SGLD, SGHMC, SGNHT) only says how to start its auxiliary state
 (:meth:`SGMCMCKernel._init_auxiliary`) and how to take one step given the normalised drift
 (:meth:`SGMCMCKernel._transition`, a call into :mod:`pyro_sgmcmc.kernels.diffusions`).
-Everything else lives here: model set-up, the minibatch gradient, temperature, step-size
-schedule, divergence handling, statistics and the Pyro ``MCMC`` protocol.
+Everything else lives here: model set-up, per-chain random streams and minibatches, temperature,
+step-size schedule, divergence handling, statistics, and the Pyro ``MCMC`` protocol.
 
-Step order. ``setup`` evaluates the potential :math:`U` and its gradient at the initial point.
-Each ``sample`` call then (1) draws the injected noise, (2) moves with the gradient cached from
-the previous evaluation, (3) re-runs the model at the new point, which draws a fresh minibatch,
-and caches :math:`U` and :math:`\\nabla U` there. One model evaluation per step; the reported
-``lp = -U`` belongs to the returned draw. If step (3) gives a non-finite potential or gradient
-the step is a *divergence*: the chain stays at its previous point, its momentum is reset to
-zero, and the step is recorded (or, with ``on_divergence="raise"``, an error names it).
+Chains. The state always carries a leading chain axis: ``position`` is ``(num_chains, dim)``.
+Under :class:`pyro.infer.MCMC` a kernel runs one chain at a time (``num_chains = 1``, Pyro's
+``setup``/``sample`` protocol); :class:`pyro_sgmcmc.MCMC` with ``chain_method="vectorized"`` calls
+:meth:`SGMCMCKernel.setup_chains` and :meth:`SGMCMCKernel.step` to advance all chains together,
+each with its own noise and minibatches (:class:`~pyro_sgmcmc.random.ChainGenerators`,
+:class:`~pyro_sgmcmc.minibatch.MinibatchSampler`).
+
+Step order. Set-up evaluates the potential :math:`U` and its gradient at the initial point. Each
+step then (1) draws the injected noise, (2) moves with the gradient cached from the previous
+evaluation, (3) draws the next minibatch and evaluates :math:`U` and :math:`\\nabla U` at the new
+point, caching them. One model evaluation per step; the reported ``lp = -U`` belongs to the
+returned draw. If step (3) gives a non-finite potential or gradient, the step is a *divergence*
+for that chain: the chain stays at its previous point, its momentum is reset to zero, and the step
+is recorded (or, with ``on_divergence="raise"``, an error names the step and the chain).
 """
 
 from __future__ import annotations
@@ -20,14 +27,16 @@ from __future__ import annotations
 import math
 import numbers
 from collections import OrderedDict
-from typing import Callable, Dict, List, NamedTuple, Optional, Union
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from ..minibatch import MinibatchSampler
 from ..potential import ModelPotential
+from ..random import ChainGenerators
 from ..schedules import Schedule, as_schedule
 
 __all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError"]
@@ -38,22 +47,24 @@ class DivergenceError(RuntimeError):
 
 
 class SGMCMCState(NamedTuple):
-    """The complete state of one chain; every field is a tensor or an int, so it pickles.
+    """The dynamical state of a batch of chains; every field is a tensor or an int, so it pickles.
 
     Attributes
     ----------
-    position : Tensor ``(dim,)``
-        Unconstrained position :math:`z`.
-    momentum : Tensor ``(dim,)`` or None
-        Momentum :math:`m` (SGHMC, SGNHT).
-    thermostat : Tensor ``()`` or None
-        Nose-Hoover thermostat :math:`\\xi` (SGNHT).
-    potential : Tensor ``()``
-        Minibatch estimate of :math:`U(z) = -\\log \\pi(z)` at ``position``.
-    grad : Tensor ``(dim,)``
-        Minibatch estimate of :math:`\\nabla U(z)` at ``position``.
+    position : Tensor ``(num_chains, dim)``
+        Unconstrained positions :math:`z`.
+    momentum : Tensor ``(num_chains, dim)`` or None
+        Momenta :math:`m` (SGHMC, SGNHT).
+    thermostat : Tensor ``(num_chains,)`` or None
+        Nose-Hoover thermostats :math:`\\xi` (SGNHT).
+    potential : Tensor ``(num_chains,)``
+        Minibatch estimates of :math:`U(z) = -\\log \\pi(z)` at ``position``.
+    grad : Tensor ``(num_chains, dim)``
+        Minibatch estimates of :math:`\\nabla U(z)` at ``position``.
     step : int
-        Steps this chain has taken (warmup included); the step-size schedule reads it.
+        Steps taken (warmup included); the step-size schedule reads it. The chains of one
+        vectorised run move in lockstep, so they share it; each run (each chain of a sequential
+        ``pyro.infer.MCMC`` run) starts its own at 0.
     """
 
     position: torch.Tensor
@@ -71,8 +82,6 @@ _ON_DIVERGENCE = ("count", "raise")
 class SGMCMCKernel(MCMCKernel):
     """Base class of the stochastic-gradient kernels; see :class:`~pyro_sgmcmc.SGLD` for the arguments."""
 
-    has_momentum = False
-
     def __init__(
         self,
         model: Callable,
@@ -86,7 +95,9 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
         self.model = model
         self.step_size = as_schedule(step_size, "step_size")
-        self.temperature = _non_negative(temperature, "temperature", "T = 1 is the posterior, 0 < T < 1 a cold posterior, T = 0 optimisation")
+        self.temperature = _non_negative(
+            temperature, "temperature", "T = 1 is the posterior, 0 < T < 1 a cold posterior, T = 0 optimisation"
+        )
         if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1):
             raise ValueError(f"num_data must be a positive integer (the number of data N) or None; got {num_data!r}")
         self.num_data = num_data
@@ -100,15 +111,18 @@ class SGMCMCKernel(MCMCKernel):
         self.transforms = None
         self.potential: Optional[ModelPotential] = None
         self.state: Optional[SGMCMCState] = None
+        self.generators: Optional[ChainGenerators] = None
+        self.minibatches: Optional[MinibatchSampler] = None
+        self._model_key = None
         self._initial_params: Optional[Dict[str, torch.Tensor]] = None
         self._params: Optional[Dict[str, torch.Tensor]] = None
         self._warmup_steps = 0
-        self._divergences: List[int] = []
-        self._num_warmup_divergences = 0
+        self._divergences: List[List[int]] = []
+        self._num_warmup_divergences: Optional[torch.Tensor] = None
         self._last_step_size = float("nan")
-        self._last_diverging = False
+        self._last_diverging: Optional[torch.Tensor] = None
 
-    # ------------------------------------------------------------------ Pyro protocol
+    # ------------------------------------------------------------------ Pyro protocol (one chain)
     @property
     def initial_params(self) -> Optional[Dict[str, torch.Tensor]]:
         """Unconstrained starting values ``{site: tensor}``; after ``setup``, the ones in use."""
@@ -119,28 +133,18 @@ class SGMCMCKernel(MCMCKernel):
         self._initial_params = params
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
-        """Trace the model once, find the start, and evaluate the potential there.
+        """Pyro's protocol: set up one chain for ``model(*args, **kwargs)``.
 
-        Everything that does not depend on the draw (sites, transforms, plates, ``N``,
-        the noise temperature :math:`T / N`) is computed here, once.
+        The chain's random stream is seeded from torch's global generator, so
+        ``pyro.set_rng_seed`` makes runs reproducible (and Pyro's multiprocess workers, which
+        seed themselves differently, get different streams).
         """
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be a non-negative integer; got {warmup_steps!r}")
-        self._warmup_steps = warmup_steps
-        self.potential = ModelPotential(
-            self.model, args, kwargs, init_strategy=self.init_strategy, num_data=self.num_data
-        )
-        self.transforms = self.potential.transforms
-        self.noise_temperature = self.temperature / self.potential.num_data
-        self._inverse_num_data = 1.0 / self.potential.num_data
-        position = self.potential.initial_position(self._initial_params)
-        potential, grad = self.potential.potential_and_grad(position)
-        momentum, thermostat = self._init_auxiliary(position)
-        self.state = SGMCMCState(position, momentum, thermostat, potential, grad, 0)
-        self._params = self.potential.unpack(position)
-        self._initial_params = self._params
-        self._divergences = []
-        self._num_warmup_divergences = 0
+        initial = None
+        if self._initial_params is not None:  # validated without the chain axis, so errors show the site's shape
+            potential = self._ensure_potential(args, kwargs)
+            initial = potential.unpack(potential.pack(self._initial_params).unsqueeze(0))
+        self.setup_chains(warmup_steps, args, kwargs, num_chains=1, initial_params=initial)
+        self._initial_params = self._params = self.potential.unpack(self.state.position[0])
 
     def cleanup(self) -> None:
         # The next chain of a sequential multi-chain run starts afresh (from its own
@@ -148,57 +152,145 @@ class SGMCMCKernel(MCMCKernel):
         self._initial_params = None
 
     def sample(self, params: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Take one step from ``params`` (unconstrained) and return the new unconstrained params."""
-        state = self.state
+        """Pyro's protocol: one step of the single chain from ``params`` (unconstrained)."""
         if params is not self._params:  # moved by the caller: re-evaluate at the given point
-            position = self.potential.pack(params)
-            potential, grad = self.potential.potential_and_grad(position)
-            state = state._replace(position=position, potential=potential, grad=grad)
-        step_size = self.step_size(state.step)
-        noise = torch.randn_like(state.position) if self.noise_temperature > 0 else None
-        drift = state.grad * (-self._inverse_num_data)
-        position, momentum, thermostat = self._transition(state, drift, step_size, noise)
-        potential, grad = self.potential.potential_and_grad(position)
-        diverging = not bool(torch.isfinite(potential) & torch.isfinite(grad).all())
-        if diverging:
-            self._record_divergence(state.step, potential)
-            zero = None if state.momentum is None else torch.zeros_like(state.momentum)
-            state = state._replace(momentum=zero, step=state.step + 1)
-        else:
-            state = SGMCMCState(position, momentum, thermostat, potential, grad, state.step + 1)
-        self.state = state
-        self._last_step_size = step_size
-        self._last_diverging = diverging
-        self._params = self.potential.unpack(state.position)
+            position = self.potential.pack(params).unsqueeze(0)
+            potential, grad = self.potential.batched_potential_and_grad(position, self.minibatches.next())
+            self.state = self.state._replace(position=position, potential=potential, grad=grad)
+        self.step()
+        self._params = self.potential.unpack(self.state.position[0])
         return self._params
 
     def logging(self) -> "OrderedDict[str, str]":
-        """Shown in the progress bar: step size, minibatch log density, divergences."""
+        """Shown in the progress bar: step size, mean minibatch log density, divergences so far."""
         return OrderedDict(
             [
                 ("step size", f"{self._last_step_size:.2e}"),
-                ("lp", f"{-float(self.state.potential):.4g}"),
-                ("div", str(len(self._divergences) + self._num_warmup_divergences)),
+                ("lp", f"{-float(self.state.potential.mean()):.4g}"),
+                ("div", str(self.num_divergences)),
             ]
         )
 
     def diagnostics(self) -> dict:
-        """``divergences`` holds the indices of the divergent *draws* (sampling phase), as ArviZ reads them."""
+        """Pyro's protocol (first chain): ``divergences`` holds the indices of the divergent *draws*."""
         return {
-            "divergences": list(self._divergences),
-            "warmup divergences": self._num_warmup_divergences,
+            "divergences": list(self._divergences[0]),
+            "warmup divergences": int(self._num_warmup_divergences[0]),
             "step size": self._last_step_size,
         }
 
+    # ------------------------------------------------------------------ many chains
+    def setup_chains(
+        self,
+        warmup_steps: int,
+        args: tuple = (),
+        kwargs: Optional[dict] = None,
+        *,
+        num_chains: int = 1,
+        initial_params: Optional[Dict[str, torch.Tensor]] = None,
+        num_superchains: Optional[int] = None,
+        seed: Optional[int] = None,
+        chain_ids: Optional[Sequence[int]] = None,
+    ) -> None:
+        """Set up ``num_chains`` chains that advance together.
+
+        Everything that does not depend on the draw (sites, transforms, plates, ``N``, the noise
+        temperature :math:`T / N`, the vectorised gradient function) is computed here, once.
+
+        Parameters
+        ----------
+        warmup_steps : int
+            Burn-in steps (divergences there are counted apart).
+        args, kwargs :
+            The model's arguments.
+        num_chains : int
+            Number of chains.
+        initial_params : dict, optional
+            Unconstrained starting values with a leading axis of size ``num_chains`` (one per
+            chain) or ``num_superchains`` (one per superchain).
+        num_superchains : int, optional
+            ``K`` distinct starting points, each shared by ``num_chains / K`` consecutive chains
+            (which then differ only by their noise and minibatches). Default: every chain starts
+            from its own point.
+        seed : int, optional
+            Seed of the per-chain random streams; by default drawn from torch's global generator.
+        chain_ids : sequence of int, optional
+            Global ids of these chains (stream ``c`` depends only on ``(seed, c)``); default
+            ``range(num_chains)``.
+        """
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be a non-negative integer; got {warmup_steps!r}")
+        if isinstance(num_chains, bool) or not isinstance(num_chains, int) or num_chains < 1:
+            raise ValueError(f"num_chains must be a positive integer; got {num_chains!r}")
+        num_superchains = num_chains if num_superchains is None else num_superchains
+        if isinstance(num_superchains, bool) or not isinstance(num_superchains, int) or num_superchains < 1:
+            raise ValueError(f"num_superchains must be a positive integer; got {num_superchains!r}")
+        if num_chains % num_superchains:
+            raise ValueError(f"num_chains={num_chains} must be a multiple of num_superchains={num_superchains}")
+        self._warmup_steps = warmup_steps
+        potential = self._ensure_potential(args, kwargs)
+        self.transforms = potential.transforms
+        self.noise_temperature = self.temperature / potential.num_data
+        self._inverse_num_data = 1.0 / potential.num_data
+
+        self.generators = ChainGenerators(seed, range(num_chains) if chain_ids is None else chain_ids, potential.device)
+        if len(self.generators) != num_chains:
+            raise ValueError(f"chain_ids has {len(self.generators)} entries for num_chains={num_chains}")
+        self.minibatches = MinibatchSampler(potential.subsample_plates, self.generators)
+        self.superchain_ids = torch.arange(num_chains) // (num_chains // num_superchains)
+
+        positions = self._initial_positions(initial_params, num_chains, num_superchains)
+        energy, grad = potential.batched_potential_and_grad(positions, self.minibatches.next())
+        momentum, thermostat = self._init_auxiliary(positions)
+        self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
+        self._divergences = [[] for _ in range(num_chains)]
+        self._num_warmup_divergences = torch.zeros(num_chains, dtype=torch.long)
+        self._last_diverging = torch.zeros(num_chains, dtype=torch.bool)
+        self._last_step_size = self.step_size(0)
+
+    def step(self) -> SGMCMCState:
+        """Advance every chain by one step (the hot path: no set-up work here)."""
+        state = self.state
+        step_size = self.step_size(state.step)
+        noise = self.generators.normal(state.position.shape[1:], state.position.dtype) if self.noise_temperature > 0 else None
+        drift = state.grad * (-self._inverse_num_data)
+        position, momentum, thermostat = self._transition(state, drift, step_size, noise)
+        energy, grad = self.potential.batched_potential_and_grad(position, self.minibatches.next())
+        finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
+        if bool(finite.all()):
+            state = SGMCMCState(position, momentum, thermostat, energy, grad, state.step + 1)
+        else:
+            state = self._reject_divergent(state, finite, position, momentum, thermostat, energy, grad)
+        self.state = state
+        self._last_step_size = step_size
+        self._last_diverging = ~finite
+        return state
+
+    @property
+    def num_divergences(self) -> int:
+        """Divergences so far, over all chains, warmup included."""
+        return sum(len(d) for d in self._divergences) + int(self._num_warmup_divergences.sum())
+
+    @property
+    def divergences(self) -> List[List[int]]:
+        """Per chain, the indices of the divergent draws (sampling phase)."""
+        return self._divergences
+
     # ------------------------------------------------------------------ statistics
     @property
-    def last_stats(self) -> Dict[str, float]:
-        """Statistics of the last step, with ArviZ's names where they apply (``lp``, ``step_size``, ``diverging``)."""
+    def last_stats(self) -> Dict[str, torch.Tensor]:
+        """Statistics of the last step, per chain (tensors of shape ``(num_chains,)``).
+
+        ArviZ's names where they apply (``lp``, ``step_size``, ``diverging``), plain names for the
+        rest (``temperature``; ``kinetic_energy`` and ``thermostat`` where the kernel has them).
+        ``lp`` is the minibatch estimate of the log density in unconstrained space.
+        """
+        num_chains = self.state.position.shape[0]
         stats = {
-            "lp": -float(self.state.potential),
-            "step_size": self._last_step_size,
-            "diverging": self._last_diverging,
-            "temperature": self.temperature,
+            "lp": -self.state.potential,
+            "step_size": torch.full((num_chains,), self._last_step_size),
+            "diverging": self._last_diverging.clone(),
+            "temperature": torch.full((num_chains,), self.temperature),
         }
         stats.update(self._auxiliary_stats(self.state))
         return stats
@@ -209,29 +301,76 @@ class SGMCMCKernel(MCMCKernel):
         return None, None
 
     def _initial_momentum(self, position: torch.Tensor, how: str, mass: float) -> torch.Tensor:
-        if how == "zero":
+        if how == "zero" or self.noise_temperature == 0:
             return torch.zeros_like(position)
-        # The stationary momentum of the tempered dynamics: N(0, mass * T / N).
-        return torch.randn_like(position) * math.sqrt(mass * self.noise_temperature)
+        # The stationary momentum of the tempered dynamics: N(0, mass * T / N), from each chain's stream.
+        return self.generators.normal(position.shape[1:], position.dtype) * math.sqrt(mass * self.noise_temperature)
 
     def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise: Optional[torch.Tensor]):
         raise NotImplementedError
 
-    def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, float]:
+    def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:
         return {}
 
-    def _record_divergence(self, step: int, potential: torch.Tensor) -> None:
+    # ------------------------------------------------------------------ internals
+    def _ensure_potential(self, args: tuple, kwargs: Optional[dict]) -> ModelPotential:
+        """Trace the model once per data set (sequential chains on the same data reuse it)."""
+        kwargs = dict(kwargs or {})
+        # the potential holds the arguments, so their ids identify them while it lives
+        key = (tuple(map(id, args)), tuple(sorted((k, id(v)) for k, v in kwargs.items())))
+        if self.potential is None or key != self._model_key:
+            self.potential = ModelPotential(
+                self.model, args, kwargs, init_strategy=self.init_strategy, num_data=self.num_data
+            )
+            self._model_key = key
+        return self.potential
+
+    def _initial_positions(self, initial_params, num_chains: int, num_superchains: int) -> torch.Tensor:
+        potential = self.potential
+        repeats = num_chains // num_superchains
+        if initial_params is not None:
+            leading = {int(torch.as_tensor(v).shape[0]) if torch.as_tensor(v).dim() else 0 for v in initial_params.values()}
+            if leading == {num_chains}:
+                positions = potential.pack(initial_params, (num_chains,))
+            elif leading == {num_superchains}:
+                positions = potential.pack(initial_params, (num_superchains,)).repeat_interleave(repeats, 0)
+            else:
+                raise ValueError(
+                    f"initial_params must have a leading axis of num_chains={num_chains} or "
+                    f"num_superchains={num_superchains} on every site; got leading sizes {sorted(leading)}"
+                )
+            for position in positions.unique(dim=0):
+                potential.initial_position(potential.unpack(position))  # checks finiteness, names the problem
+            return positions
+        starts = torch.stack([potential.initial_position() for _ in range(num_superchains)])
+        return starts.repeat_interleave(repeats, 0)
+
+    def _reject_divergent(self, state, finite, position, momentum, thermostat, energy, grad) -> SGMCMCState:
+        diverging = ~finite
+        chains = diverging.nonzero().flatten().tolist()
         if self.on_divergence == "raise":
-            phase = "warmup" if step < self._warmup_steps else "sampling"
-            what = "potential energy" if not torch.isfinite(potential) else "gradient"
+            phase = "warmup" if state.step < self._warmup_steps else "sampling"
+            what = "potential energy" if not bool(torch.isfinite(energy[chains[0]])) else "gradient"
             raise DivergenceError(
-                f"{type(self).__name__}: non-finite {what} at step {step} ({phase}); "
+                f"{type(self).__name__}: non-finite {what} at step {state.step} ({phase}) in chain(s) {chains}; "
                 "reduce step_size, or pass on_divergence='count' to record it and continue"
             )
-        if step >= self._warmup_steps:
-            self._divergences.append(step - self._warmup_steps)
+        if state.step >= self._warmup_steps:
+            for chain in chains:
+                self._divergences[chain].append(state.step - self._warmup_steps)
         else:
-            self._num_warmup_divergences += 1
+            self._num_warmup_divergences += diverging.long()
+        keep = finite.unsqueeze(-1)
+        new_momentum = None if momentum is None else torch.where(keep, momentum, torch.zeros_like(momentum))
+        new_thermostat = None if thermostat is None else torch.where(finite, thermostat, state.thermostat)
+        return SGMCMCState(
+            torch.where(keep, position, state.position),
+            new_momentum,
+            new_thermostat,
+            torch.where(finite, energy, state.potential),
+            torch.where(keep, grad, state.grad),
+            state.step + 1,
+        )
 
 
 def _non_negative(value, name: str, meaning: str) -> float:

@@ -60,8 +60,6 @@ class SGHMC(SGMCMCKernel):
     tensor(True)
     """
 
-    has_momentum = True
-
     def __init__(
         self,
         model: Callable,
@@ -88,5 +86,5 @@ class SGHMC(SGMCMCKernel):
         )
         return position, momentum, None
 
-    def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, float]:
-        return {"kinetic_energy": float((state.momentum * state.momentum).sum() / (2 * self.mass))}
+    def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:
+        return {"kinetic_energy": (state.momentum * state.momentum).sum(-1) / (2 * self.mass)}

@@ -58,8 +58,6 @@ class SGNHT(SGMCMCKernel):
     tensor(True)
     """
 
-    has_momentum = True
-
     def __init__(
         self,
         model: Callable,
@@ -99,8 +97,8 @@ class SGNHT(SGMCMCKernel):
             noise,
         )
 
-    def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, float]:
+    def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:
         return {
-            "kinetic_energy": float((state.momentum * state.momentum).sum() / (2 * self.mass)),
-            "thermostat": float(state.thermostat),
+            "kinetic_energy": (state.momentum * state.momentum).sum(-1) / (2 * self.mass),
+            "thermostat": state.thermostat.clone(),
         }

@@ -86,7 +86,7 @@ def test_divergences_are_counted_and_the_chain_stays_finite():
     # From 0 the drift of 5 * 0.5 takes every step across the wall: each sampling step diverges.
     assert mcmc.diagnostics()["divergences"]["chain 0"] == list(range(20))
     assert kernel.diagnostics()["warmup divergences"] == 5
-    assert kernel.last_stats["diverging"] is True
+    assert kernel.last_stats["diverging"].tolist() == [True]
 
 
 def test_divergence_can_raise_naming_the_step():

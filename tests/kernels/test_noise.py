@@ -2,7 +2,7 @@
 
 Two exact checks, in float64 on a full-batch model (so the global generator feeds only the noise):
 
-* one step: with ``torch.manual_seed(s)`` before a step, the kernel draws ``zeta = torch.randn(d)``;
+* one step: the chain draws ``zeta`` from its own generator (``kernel.generators``);
   the new state must equal the update equation evaluated by hand with that zeta, for several T.
 * many steps on a Gaussian target: SGLD and SGHMC are then linear recursions, so with the same seed
   ``z_t(T) - z_t(0)`` is ``sqrt(T)`` times the same noise response; ``(z_t(T) - z_t(0)) / sqrt(T)``
@@ -46,13 +46,17 @@ def test_one_step_noise_scale(float64, temperature):
         SGNHT(gaussian_model, step_size=eps, temperature=temperature, diffusion=alpha, mass=mass),
     ]:
         _setup(kernel)
-        before = kernel.state
-        drift = -before.grad / NUM_DATA
-        torch.manual_seed(123)
-        zeta = torch.randn(2)
-        torch.manual_seed(123)
+        state = kernel.state
+        before = state._replace(position=state.position[0], momentum=None if state.momentum is None else state.momentum[0])
+        drift = -before.grad[0] / NUM_DATA
+        generator = kernel.generators.generators[0]  # the chain's own stream
+        saved = generator.get_state()
+        zeta = torch.empty(2).normal_(generator=generator)
+        generator.set_state(saved)
         kernel.sample(kernel.initial_params)
-        after = kernel.state
+        after = kernel.state._replace(position=kernel.state.position[0])
+        if after.momentum is not None:
+            after = after._replace(momentum=after.momentum[0])
         calT = temperature / NUM_DATA
         if isinstance(kernel, SGLD):
             expected = before.position + eps * drift + math.sqrt(2 * eps * calT) * zeta
@@ -61,20 +65,20 @@ def test_one_step_noise_scale(float64, temperature):
             assert torch.allclose(after.momentum, m, rtol=0, atol=1e-12)
             expected = before.position + eps * m / mass
         else:
-            xi = before.thermostat
+            xi = before.thermostat[0]
             m = before.momentum - eps * xi * before.momentum / mass + eps * drift
             m = m + math.sqrt(2 * eps * calT * alpha) * zeta
             assert torch.allclose(after.momentum, m, rtol=0, atol=1e-12)
             xi_new = xi + eps * ((m * m).sum() / (mass * 2) - calT)
-            assert torch.allclose(after.thermostat, xi_new, rtol=0, atol=1e-12)
+            assert torch.allclose(after.thermostat[0], xi_new, rtol=0, atol=1e-12)
             expected = before.position + eps * m / mass
         assert torch.allclose(after.position, expected, rtol=0, atol=1e-12), type(kernel).__name__
         assert after.step == before.step + 1
 
 
 def _trajectory(kernel_cls, temperature, num_steps=200, **kwargs):
+    torch.manual_seed(7)  # seeds the chain's stream, drawn at set-up
     kernel = _setup(kernel_cls(gaussian_model, temperature=temperature, **kwargs))
-    torch.manual_seed(7)
     params, path = kernel.initial_params, []
     for _ in range(num_steps):
         params = kernel.sample(params)

@@ -62,7 +62,7 @@ def test_sgld_stationary_variance(float64):
     h = eps / (NUM_DATA * SCALE**2)
     exact = TEMPERATURE * SCALE**2 / (1 - h / 2)
     continuous = TEMPERATURE * SCALE**2
-    x = _run(SGLD(gaussian_model, step_size=eps, temperature=TEMPERATURE, num_data=NUM_DATA), lambda s: s.position)
+    x = _run(SGLD(gaussian_model, step_size=eps, temperature=TEMPERATURE, num_data=NUM_DATA), lambda s: s.position[0])
     estimate, se = _mean_and_se(x**2)
     assert abs(estimate - exact) < 4 * se, (estimate, exact, se)
     assert abs(continuous - exact) > 8 * se  # the test can tell the discrete value from the continuous one
@@ -79,7 +79,7 @@ def test_sghmc_stationary_covariance(float64, eps, friction, mass):
     q = np.array([[g * c], [c]])
     exact = scipy.linalg.solve_discrete_lyapunov(A, q @ q.T)
     kernel = SGHMC(gaussian_model, step_size=eps, temperature=TEMPERATURE, num_data=NUM_DATA, friction=friction, mass=mass)
-    states = _run(kernel, lambda s: torch.stack([s.position, s.momentum]))
+    states = _run(kernel, lambda s: torch.stack([s.position[0], s.momentum[0]]))
     x, m = states[:, 0], states[:, 1]
     for series, target in [(x**2, exact[0, 0]), (m**2, exact[1, 1]), (x * m, exact[0, 1])]:
         estimate, se = _mean_and_se(series)
@@ -91,7 +91,7 @@ def test_sghmc_stationary_covariance(float64, eps, friction, mass):
 def test_sgnht_kinetic_temperature_is_exact(float64):
     mass = 2.0
     kernel = SGNHT(gaussian_model, step_size=0.5, temperature=TEMPERATURE, num_data=NUM_DATA, diffusion=1.0, mass=mass)
-    kinetic = _run(kernel, lambda s: (s.momentum * s.momentum).sum() / (mass * DIM))
+    kinetic = _run(kernel, lambda s: (s.momentum[0] * s.momentum[0]).sum() / (mass * DIM))
     estimate, se = _mean_and_se(kinetic)
     assert abs(estimate - TEMPERATURE / NUM_DATA) < 4 * se, (estimate, TEMPERATURE / NUM_DATA, se)
     assert se < 0.05 * TEMPERATURE / NUM_DATA  # precise enough to mean something
