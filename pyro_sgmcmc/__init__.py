@@ -1,16 +1,19 @@
 """pyro_sgmcmc: scalable Bayesian learning in Pyro.
 
 Stochastic-gradient MCMC kernels (:class:`SGLD`, :class:`SGHMC`, :class:`SGNHT`) that run
-inside :class:`pyro.infer.MCMC` on models with subsampled plates.
+inside :class:`pyro.infer.MCMC` on models with subsampled plates, and :class:`MCMC`, a drop-in
+:class:`pyro.infer.MCMC` that also runs many chains vectorised.
 """
 
 from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, SGMCMCKernel, SGMCMCState
+from .mcmc import MCMC
 from .potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MCMC",
     "SGLD",
     "SGHMC",
     "SGNHT",

@@ -33,7 +33,7 @@ class MinibatchSampler:
     """
 
     def __init__(self, plates: Sequence[SubsamplePlate], generators: ChainGenerators) -> None:
-        self.plates = list(plates)
+        self.plates = [p for p in plates if not p.user_indices]  # the model draws the others itself
         self.generators = generators
         num_chains = len(generators)
         device = generators.device

@@ -63,11 +63,16 @@ class LatentSite:
 
 @dataclass(frozen=True)
 class SubsamplePlate:
-    """A plate that was subsampled: its name, full ``size`` and ``subsample_size``."""
+    """A plate that was subsampled: its name, full ``size`` and ``subsample_size``.
+
+    ``user_indices`` is True when the model passes ``pyro.plate(..., subsample=indices)`` itself:
+    the kernels then leave the choice of minibatch to the model.
+    """
 
     name: str
     size: int
     subsample_size: int
+    user_indices: bool = False
 
     @property
     def scale(self) -> float:
@@ -96,6 +101,7 @@ class ModelPotential:
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro_sgmcmc import ModelPotential
     >>> def model(y):
     ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
     ...     with pyro.plate("data", len(y), subsample_size=2) as idx:
@@ -141,7 +147,7 @@ class ModelPotential:
 
     @property
     def transforms(self) -> Dict[str, torch.distributions.Transform]:
-        """Pyro's convention: ``name -> transform from constrained to unconstrained space``."""
+        """The map ``{name: transform}`` from constrained to unconstrained space (Pyro's convention)."""
         return {site.name: site.transform.inv for site in self.sites}
 
     def unpack(self, position: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -296,11 +302,11 @@ def _find_subsample_plates(trace) -> List[SubsamplePlate]:
     plates = []
     for name, site in trace.nodes.items():
         if site["type"] == "sample" and isinstance(site["fn"], _Subsample):
-            size, subsample_size = site["fn"].size, site["fn"].subsample_size
-            if subsample_size is None:
-                continue
+            size = int(site["fn"].size)
+            user_indices = site["fn"].subsample_size is None  # the model gave subsample=indices
+            subsample_size = len(site["value"]) if user_indices else int(site["fn"].subsample_size)
             if subsample_size < size:
-                plates.append(SubsamplePlate(name, int(size), int(subsample_size)))
+                plates.append(SubsamplePlate(name, size, subsample_size, user_indices))
     return plates
 
 
@@ -363,7 +369,7 @@ def _default_num_data(trace, subsample_plates) -> int:
     num_data = 1
     for site in trace.nodes.values():
         if site["type"] == "sample" and site["is_observed"]:
-            sizes = [full_size.get(f.name, f.size) for f in site["cond_indep_stack"] if f.vectorized]
+            sizes = [full_size.get(f.name, getattr(f, "full_size", None) or f.size) for f in site["cond_indep_stack"] if f.vectorized]
             terms = math.prod(size for size in sizes if size is not None and size > 0)
             num_data = max(num_data, int(terms))
     return num_data

@@ -64,7 +64,7 @@ class RobbinsMonro(Schedule):
     a : float
         Scale, positive.
     b : float
-        Offset, non-negative (:math:`b + t > 0` at ``t = 0`` is required).
+        Offset, positive (so that :math:`b + t > 0` from ``t = 0``).
     gamma : float
         Decay exponent in ``(0.5, 1]``.
     """

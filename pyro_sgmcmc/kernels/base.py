@@ -147,6 +147,7 @@ class SGMCMCKernel(MCMCKernel):
         self._initial_params = self._params = self.potential.unpack(self.state.position[0])
 
     def cleanup(self) -> None:
+        """Pyro's protocol: forget the initial parameters so the next chain of a sequential run starts afresh."""
         # The next chain of a sequential multi-chain run starts afresh (from its own
         # initial_params, set by pyro.infer.MCMC, or from init_strategy).
         self._initial_params = None

@@ -28,6 +28,9 @@ class SGHMC(SGMCMCKernel):
     At ``T = 0`` the trajectory is exactly that of
     ``torch.optim.SGD(lr=eps / sigma^2, momentum=1 - eps * alpha / sigma^2, dampening=1 - eps)``
     on :math:`U / N` (PyTorch's momentum buffer is :math:`-m`), so SGHMC at ``T = 0`` *is* SGD with momentum.
+    PyTorch copies the first gradient into an empty momentum buffer without dampening; seed it with
+    zeros (``optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)``, i.e. :math:`-m_0`) for the
+    trajectories to agree from the first step.
 
     Parameters
     ----------
@@ -35,8 +38,9 @@ class SGHMC(SGMCMCKernel):
         As for :class:`~pyro_sgmcmc.SGLD`.
     friction : float
         :math:`\\alpha \\ge 0`, in units of inverse (normalised) time: the momentum decays by
-        :math:`1 - \\epsilon \\alpha / \\sigma^2` per step. Default 1 (near-critical damping for a
-        posterior whose variance is about :math:`1 / N`).
+        :math:`1 - \\epsilon \\alpha / \\sigma^2` per step. Default 1: half the critical damping
+        :math:`2 \\sqrt{\\sigma^2 \\lambda}` for normalised curvature :math:`\\lambda = 1` (a posterior
+        variance of about :math:`1 / N`).
     mass : float
         :math:`\\sigma^2 > 0`. Default 1.
     initial_momentum : {"zero", "stationary"}

@@ -1,0 +1,233 @@
+"""``pyro_sgmcmc.MCMC``: :class:`pyro.infer.MCMC` plus vectorised chains for the SG-MCMC kernels.
+
+Pyro runs ``num_chains > 1`` as one process per chain (or one after the other when there are
+fewer cores than chains). Stochastic-gradient methods want many short chains, so this subclass
+adds ``chain_method="vectorized"``: all chains advance together in batched tensor operations
+(the model runs once per step under :func:`torch.func.vmap`), each with its own noise and its
+own minibatches. Everything else (``get_samples``, ``summary``, ``diagnostics``,
+``arviz.from_pyro``) is Pyro's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Dict, Optional
+
+import torch
+
+import pyro
+import pyro.infer
+import pyro.poutine as poutine
+from pyro.util import optional
+
+from .kernels.base import SGMCMCKernel
+
+__all__ = ["MCMC"]
+
+_CHAIN_METHODS = ("default", "vectorized")
+
+
+class MCMC(pyro.infer.MCMC):
+    """Drop-in :class:`pyro.infer.MCMC` with vectorised chains, superchains, thinning and last-state runs.
+
+    Parameters
+    ----------
+    kernel, num_samples, warmup_steps, initial_params, num_chains, hook_fn, mp_context, disable_progbar, \
+disable_validation, transforms, save_params :
+        As for :class:`pyro.infer.MCMC`. With ``chain_method="vectorized"``, ``initial_params``
+        (unconstrained) has a leading axis of ``num_chains`` or ``num_superchains``, ``hook_fn`` is
+        called once per step with the batched unconstrained params, and ``mp_context`` is unused.
+    chain_method : {"default", "vectorized"}
+        ``"default"`` is Pyro's behaviour (processes, or one chain after another).
+        ``"vectorized"`` (SG-MCMC kernels only) runs all chains in one batched computation.
+    num_superchains : int, optional
+        ``K``: the chains are split into ``K`` groups of ``num_chains / K`` consecutive chains, each
+        group starting from one point (drawn by the kernel's ``init_strategy``, or given). Chains in a
+        group differ only by their noise and minibatches, as nested R-hat requires
+        (:func:`pyro_sgmcmc.nested_rhat`). Default: every chain is its own superchain.
+    thinning : int
+        Keep every ``thinning``-th draw after warmup; ``num_samples`` counts *kept* draws.
+    keep_last : int, optional
+        Keep only the last ``keep_last`` kept draws of each chain (parallel SG-MCMC; at
+        ``temperature=0`` a deep ensemble). Memory is then ``O(num_chains * keep_last)``.
+    seed : int, optional
+        Seed of the per-chain random streams (chain ``c`` uses a stream determined by ``(seed, c)``
+        only). Default: drawn from torch's global generator, so ``pyro.set_rng_seed`` applies.
+
+    Attributes
+    ----------
+    sample_stats : dict
+        Per kept draw, ``(num_chains, num_draws)`` tensors: ``lp``, ``step_size``, ``diverging``,
+        ``temperature`` and the kernel's own (``kinetic_energy``, ``thermostat``).
+    superchain_ids : Tensor ``(num_chains,)``
+        The superchain of each chain.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro_sgmcmc import MCMC, SGHMC
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
+    ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
+    ...         pyro.sample("obs", dist.Normal(mu, 1.), obs=y[idx])
+    >>> y = 3. + torch.randn(100, generator=torch.Generator().manual_seed(0))
+    >>> mcmc = MCMC(SGHMC(model, step_size=0.05, friction=2.), num_samples=100, warmup_steps=200,
+    ...             num_chains=32, num_superchains=4, chain_method="vectorized", seed=0, disable_progbar=True)
+    >>> mcmc.run(y)
+    >>> mcmc.get_samples(group_by_chain=True)["mu"].shape
+    torch.Size([32, 100])
+    >>> abs(float(mcmc.get_samples()["mu"].mean() - y.mean())) < 0.05
+    True
+    """
+
+    def __init__(
+        self,
+        kernel,
+        num_samples: int,
+        warmup_steps: Optional[int] = None,
+        initial_params: Optional[Dict[str, torch.Tensor]] = None,
+        num_chains: int = 1,
+        hook_fn: Optional[Callable] = None,
+        mp_context=None,
+        disable_progbar: bool = False,
+        disable_validation: bool = True,
+        transforms=None,
+        save_params=None,
+        *,
+        chain_method: str = "default",
+        num_superchains: Optional[int] = None,
+        thinning: int = 1,
+        keep_last: Optional[int] = None,
+        seed: Optional[int] = None,
+    ) -> None:
+        if chain_method not in _CHAIN_METHODS:
+            raise ValueError(f"chain_method must be one of {_CHAIN_METHODS}; got {chain_method!r}")
+        _check_positive_int(num_samples, "num_samples")
+        _check_positive_int(num_chains, "num_chains")
+        _check_positive_int(thinning, "thinning")
+        if keep_last is not None:
+            _check_positive_int(keep_last, "keep_last")
+        if num_superchains is not None:
+            _check_positive_int(num_superchains, "num_superchains")
+            if num_chains % num_superchains:
+                raise ValueError(f"num_chains={num_chains} must be a multiple of num_superchains={num_superchains}")
+        self.chain_method = chain_method
+        self.num_superchains = num_chains if num_superchains is None else num_superchains
+        self.thinning = thinning
+        self.keep_last = keep_last
+        self.seed = seed
+        self.sample_stats: Dict[str, torch.Tensor] = {}
+        self.superchain_ids = torch.arange(num_chains) // (num_chains // self.num_superchains)
+        if chain_method == "default":
+            if num_superchains is not None or thinning != 1 or keep_last is not None or seed is not None:
+                raise ValueError(
+                    "num_superchains, thinning, keep_last and seed need chain_method='vectorized' "
+                    "(Pyro's own chain methods do not support them)"
+                )
+            super().__init__(
+                kernel, num_samples, warmup_steps, initial_params, num_chains, hook_fn, mp_context,
+                disable_progbar, disable_validation, transforms, save_params,
+            )  # fmt: skip
+            return
+        if not isinstance(kernel, SGMCMCKernel):
+            raise ValueError(
+                f"chain_method='vectorized' needs a pyro_sgmcmc kernel (SGLD, SGHMC, SGNHT); got {type(kernel).__name__}"
+            )
+        # The parts of pyro.infer.MCMC's state that its methods (get_samples, summary, diagnostics) read.
+        self.kernel = kernel
+        self.num_chains = num_chains
+        self.transforms = transforms
+        self.warmup_steps = num_samples if warmup_steps is None else warmup_steps
+        _check_non_negative_int(self.warmup_steps, "warmup_steps")
+        self.num_samples = num_samples if keep_last is None else min(num_samples, keep_last)
+        self._num_kept_steps = num_samples
+        self.disable_validation = disable_validation
+        self.disable_progbar = disable_progbar
+        self.hook_fn = hook_fn
+        self.initial_params = initial_params
+        self.save_params = save_params
+        self._samples = None
+        self._args = None
+        self._kwargs = None
+        self._diagnostics = [None] * num_chains
+
+    @poutine.block
+    def run(self, *args, **kwargs) -> None:
+        """Run the chains on ``model(*args, **kwargs)`` and store the draws (see :class:`pyro.infer.MCMC`)."""
+        if self.chain_method == "default":
+            return super().run(*args, **kwargs)
+        self._args, self._kwargs = args, kwargs
+        kernel: SGMCMCKernel = self.kernel
+        with optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
+            args = tuple(arg.detach() if torch.is_tensor(arg) else arg for arg in args)
+            kernel.setup_chains(
+                self.warmup_steps,
+                args,
+                kwargs,
+                num_chains=self.num_chains,
+                initial_params=self.initial_params,
+                num_superchains=self.num_superchains,
+                seed=self.seed,
+            )
+            self.superchain_ids = kernel.superchain_ids.clone()
+            positions, stats = self._run_steps(kernel)
+        potential = kernel.potential
+        draws = torch.stack(list(positions), dim=1)  # (chains, draws, dim)
+        names = self.save_params or potential.site_names
+        self.transforms = kernel.transforms if self.transforms is None else self.transforms
+        unconstrained = potential.unpack(draws)
+        self._samples = {
+            name: (self.transforms[name].inv(unconstrained[name]) if name in self.transforms else unconstrained[name])
+            for name in names
+        }
+        self.sample_stats = {key: torch.stack([s[key] for s in stats], dim=1) for key in (stats[0] if stats else {})}
+        self._diagnostics = [
+            {
+                "divergences": list(kernel.divergences[c]),
+                "warmup divergences": int(kernel._num_warmup_divergences[c]),
+                "step size": kernel._last_step_size,
+            }
+            for c in range(self.num_chains)
+        ]
+        kernel.cleanup()
+
+    def _run_steps(self, kernel: SGMCMCKernel):
+        keep = self.num_samples
+        positions: deque = deque(maxlen=keep)
+        stats: deque = deque(maxlen=keep)
+        total = self.warmup_steps + self._num_kept_steps * self.thinning
+        progress = _progress(total, self.disable_progbar)
+        refresh = max(1, total // 200)  # cheap progress bar: about 200 updates per run
+        for t in range(total):
+            state = kernel.step()
+            sampling = t >= self.warmup_steps
+            if sampling and (t - self.warmup_steps + 1) % self.thinning == 0:
+                positions.append(state.position.clone())
+                stats.append(kernel.last_stats)
+            if self.hook_fn is not None:
+                self.hook_fn(kernel, kernel.potential.unpack(state.position), "Sample" if sampling else "Warmup", t)
+            if progress is not None and (t % refresh == 0 or t == total - 1):
+                progress.set_description("Sample" if sampling else "Warmup", refresh=False)
+                progress.set_postfix(kernel.logging(), refresh=False)
+                progress.update(t + 1 - progress.n)
+        if progress is not None:
+            progress.close()
+        return positions, list(stats)
+
+
+def _progress(total: int, disable: bool):
+    if disable:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Warmup", dynamic_ncols=True)
+
+
+def _check_positive_int(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+
+
+def _check_non_negative_int(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer; got {value!r}")

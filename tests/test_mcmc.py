@@ -1,0 +1,133 @@
+"""pyro_sgmcmc.MCMC: vectorised chains, superchains, thinning, last-state runs."""
+
+import pytest
+import torch
+
+import pyro
+import pyro.distributions as dist
+from pyro.infer import NUTS
+
+from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT
+
+
+def regression_model(x, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    sigma = pyro.sample("sigma", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0], subsample_size=16) as idx:
+        pyro.sample("y", dist.Normal(x[idx] @ w, sigma), obs=y[idx])
+
+
+def _data(n=200):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=g)
+    return x, x @ torch.tensor([1.0, -1.0, 0.5]) + 0.3 * torch.randn(n, generator=g)
+
+
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC, SGNHT])
+def test_vectorised_chain_equals_single_chain_run_from_the_same_state(float64, kernel_cls):
+    """Chain c of a vectorised run == a one-chain run with the same stream (seed, c) and start.
+
+    Both evaluate the same model with the same minibatch indices and noise; the vectorised side goes
+    through torch.func.vmap (batched kernels), so they agree to float64 rounding, not bit for bit.
+    """
+    x, y = _data()
+    x, y = x.double(), y.double()
+    pyro.set_rng_seed(0)
+    num_chains, num_steps = 6, 60
+    batch = kernel_cls(regression_model, step_size=0.01)
+    batch.setup_chains(0, (x, y), num_chains=num_chains, seed=123)
+    starts = batch.state.position.clone()
+    batch_path = torch.stack([batch.step().position.clone() for _ in range(num_steps)], dim=1)
+    for chain in (0, 4):
+        single = kernel_cls(regression_model, step_size=0.01)
+        start = single._ensure_potential((x, y), {}).unpack(starts[chain : chain + 1])
+        single.setup_chains(0, (x, y), num_chains=1, seed=123, chain_ids=[chain], initial_params=start)
+        path = torch.stack([single.step().position[0].clone() for _ in range(num_steps)])
+        assert torch.allclose(path, batch_path[chain], rtol=0, atol=1e-10), (path - batch_path[chain]).abs().max()
+    # different chains really are different (own noise and minibatches)
+    assert not torch.allclose(batch_path[0], batch_path[1])
+
+
+def test_vectorised_run_get_samples_summary_diagnostics(capsys):
+    x, y = _data()
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGHMC(regression_model, step_size=0.02), num_samples=50, warmup_steps=50, num_chains=8,
+                num_superchains=2, chain_method="vectorized", seed=1, disable_progbar=True)  # fmt: skip
+    mcmc.run(x, y)
+    grouped = mcmc.get_samples(group_by_chain=True)
+    assert grouped["w"].shape == (8, 50, 3) and grouped["sigma"].shape == (8, 50)
+    assert (grouped["sigma"] > 0).all()
+    assert mcmc.get_samples()["w"].shape == (400, 3)
+    diagnostics = mcmc.diagnostics()
+    assert set(diagnostics["divergences"]) == {f"chain {c}" for c in range(8)}
+    assert diagnostics["w"]["r_hat"].shape == (3,)
+    mcmc.summary()
+    assert "sigma" in capsys.readouterr().out
+    assert mcmc.sample_stats["lp"].shape == (8, 50) and mcmc.sample_stats["diverging"].dtype == torch.bool
+    assert set(mcmc.sample_stats) == {"lp", "step_size", "diverging", "temperature", "kinetic_energy"}
+    assert mcmc.superchain_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_superchains_share_their_starting_point():
+    x, y = _data()
+    kernel = SGLD(regression_model, step_size=0.01)
+    pyro.set_rng_seed(0)
+    kernel.setup_chains(0, (x, y), num_chains=6, num_superchains=3, seed=0)
+    start = kernel.state.position
+    for k in range(3):
+        assert torch.equal(start[2 * k], start[2 * k + 1])
+    assert not torch.equal(start[0], start[2]) and not torch.equal(start[2], start[4])
+    # given per-superchain initial params are repeated within the superchain
+    init = {"w": torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), "sigma": torch.zeros(2)}
+    kernel.setup_chains(0, (x, y), num_chains=4, num_superchains=2, initial_params=init, seed=0)
+    # sites in sorted order: sigma (1 value), then w (3)
+    assert kernel.state.position[:, 1:].tolist() == [[0.0] * 3, [0.0] * 3, [1.0] * 3, [1.0] * 3]
+
+
+def _run(**kwargs):
+    x, y = _data()
+    options = dict(num_chains=4, chain_method="vectorized", seed=7, disable_progbar=True)
+    options.update(kwargs)
+    mcmc = MCMC(SGHMC(regression_model, step_size=0.02), initial_params={"w": torch.zeros(4, 3), "sigma": torch.zeros(4)}, **options)
+    mcmc.run(x, y)
+    return mcmc.get_samples(group_by_chain=True)["w"]
+
+
+def test_thinning_and_keep_last_select_from_the_same_trajectory():
+    full = _run(num_samples=30, warmup_steps=10)
+    thinned = _run(num_samples=10, warmup_steps=10, thinning=3)
+    assert torch.equal(thinned, full[:, 2::3])  # same seed: bit-identical trajectory, every third draw
+    last = _run(num_samples=30, warmup_steps=10, keep_last=5)
+    assert torch.equal(last, full[:, -5:])
+
+
+def test_deep_ensemble_at_zero_temperature():
+    """keep_last=1 at T = 0: each chain's final state is an SGD-with-momentum fit from its own start."""
+    x, y = _data()
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGHMC(regression_model, step_size=0.05, temperature=0.0), num_samples=1, warmup_steps=1500,
+                num_chains=5, keep_last=1, chain_method="vectorized", seed=0, disable_progbar=True)  # fmt: skip
+    mcmc.run(x, y)
+    w = mcmc.get_samples(group_by_chain=True)["w"][:, 0]
+    ls = torch.linalg.lstsq(x, y.unsqueeze(-1)).solution.squeeze(-1)
+    # minibatch noise keeps the members apart, but all sit near the (prior-shrunk) optimum
+    assert torch.allclose(w, ls.expand_as(w), atol=0.05)
+    assert w.std(0).max() > 0
+
+
+def test_bad_arguments():
+    kernel = SGLD(regression_model)
+    with pytest.raises(ValueError, match=r"chain_method must be one of \('default', 'vectorized'\)"):
+        MCMC(kernel, num_samples=5, chain_method="parallel-ish")
+    with pytest.raises(ValueError, match="num_chains=6 must be a multiple of num_superchains=4"):
+        MCMC(kernel, num_samples=5, num_chains=6, num_superchains=4, chain_method="vectorized")
+    with pytest.raises(ValueError, match="thinning must be a positive integer"):
+        MCMC(kernel, num_samples=5, thinning=0, chain_method="vectorized")
+    with pytest.raises(ValueError, match="need chain_method='vectorized'"):
+        MCMC(kernel, num_samples=5, keep_last=2)
+    with pytest.raises(ValueError, match="needs a pyro_sgmcmc kernel"):
+        MCMC(NUTS(regression_model), num_samples=5, chain_method="vectorized")
+    x, y = _data()
+    with pytest.raises(ValueError, match="leading axis of num_chains=4 or num_superchains=2"):
+        MCMC(kernel, num_samples=5, num_chains=4, num_superchains=2, chain_method="vectorized",
+             initial_params={"w": torch.zeros(3, 3), "sigma": torch.zeros(3)}).run(x, y)  # fmt: skip
