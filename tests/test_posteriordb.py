@@ -171,16 +171,25 @@ def _stationary_position_cov(kernel: str, eps: float, H, C, num_data: int, tempe
     d = H.shape[0]
     eye = np.eye(d)
     tau = temperature / num_data
-    if kernel == "SGLD":  # z' = z - eps (H z + xi_C) + sqrt(2 eps tau) zeta
-        return scipy.linalg.solve_discrete_lyapunov(eye - eps * H, eps**2 * C + 2 * eps * tau * eye), None
-    # m' = (1 - eps xi / mass) m - eps (H z + xi_C) + sqrt(2 eps tau alpha) zeta;  z' = z + eps m' / mass
+    # The drift is -H z + g with g ~ (0, C) the minibatch gradient noise; zeta ~ N(0, I).
+    if kernel == "SGLD":  # z' = z + eps (-H z + g) + sqrt(2 eps tau) zeta
+        A = eye - eps * H
+        _check_stable(A)
+        return scipy.linalg.solve_discrete_lyapunov(A, eps**2 * C + 2 * eps * tau * eye), None
+    # m' = (1 - eps xi / mass) m + eps (-H z + g) + sqrt(2 eps tau alpha) zeta;  z' = z + eps m' / mass
     xi = alpha if xi is None else xi
     a = 1.0 - eps * xi / mass
     A = np.block([[eye - eps**2 / mass * H, eps / mass * a * eye], [-eps * H, a * eye]])
+    _check_stable(A)
     G = np.vstack([eps / mass * eye, eye])
     W = eps**2 * C + 2 * eps * tau * alpha * eye
     S = scipy.linalg.solve_discrete_lyapunov(A, G @ W @ G.T)
     return S[:d, :d], np.trace(S[d:, d:]) / (mass * d)
+
+
+def _check_stable(A) -> None:
+    radius = float(np.abs(np.linalg.eigvals(A)).max())
+    assert radius < 1.0, f"the linearised update is unstable here (spectral radius {radius:.3f}): step size too large"
 
 
 def predicted_relative_variance_bias(kernel: str, eps: float, H, C, num_data: int, temperature: float = 1.0,

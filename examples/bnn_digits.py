@@ -1,0 +1,315 @@
+"""A Bayesian neural network on scikit-learn's 8x8 digits, sampled with SGHMC in ``pyro.infer.MCMC``.
+
+The network is a one-hidden-layer MLP (64 -> 32 tanh -> 10) written as a :class:`pyro.nn.PyroModule`
+whose weights and biases are :class:`pyro.nn.PyroSample` sites with a Gaussian prior. The
+likelihood reads the 1,347 training images through a subsampled data plate, so every SGHMC step
+sees a fresh minibatch. The script compares, on the 450 held-out images:
+
+* the SGHMC posterior predictive, the softmax probabilities averaged over thinned draws, and
+* the MAP estimate from the same kernel at ``temperature=0`` (SGHMC at T = 0 is SGD with
+  momentum; the prior acts as weight decay),
+
+by test accuracy and test negative log-likelihood (mean over images of ``-log p(y | x)``).
+
+Run it::
+
+    python examples/bnn_digits.py            # a couple of minutes on 2 CPU cores
+    python examples/bnn_digits.py --tiny     # a few seconds, smoke test only
+
+The pattern that keeps the weights global
+------------------------------------------
+A ``PyroModule`` samples its ``PyroSample`` weights *when it is called*. Every ``pyro.sample``
+statement executed inside ``with pyro.plate("data", ...)`` belongs to that plate, so calling the
+network inside the plate makes each weight a sample site of the data plate: Pyro gives it the
+plate's batch dimension (one weight matrix per image of the minibatch, shape ``(B, 32, 64)``
+instead of ``(32, 64)``) and scales its prior by ``N / B``. ``torch.nn.Linear`` cannot apply a batch
+of weight matrices, so that model fails at its first run (a network that happened to broadcast
+would run, but it would be a different model with weights local to each image, which the SG-MCMC
+kernels refuse). The model below therefore
+
+1. creates the plate object first: ``plate = pyro.plate("data", N, subsample_size=B)``. The
+   minibatch is drawn when the plate object is *constructed*, not when it is entered;
+2. reads this minibatch's indices from it: ``idx = plate.indices``;
+3. runs the network on ``x[idx]`` *outside* the ``with plate:`` block, so the weights are sampled
+   with no plate around them (global, unscaled prior);
+4. enters ``with plate:`` only for the likelihood,
+   ``pyro.sample("y", dist.Categorical(logits=logits), obs=y[idx])``, which is scaled by ``N / B``.
+
+The plate object must be created inside the model so that every call, i.e. every step, draws a new
+minibatch. :func:`check_plate_pattern` verifies both claims at start-up (weights without a batch
+dimension and outside every plate in the pattern above; weights with the batch dimension and a
+failing forward pass in the naive pattern) and the result is printed and stored in the JSON.
+
+Settings
+--------
+Prior ``N(0, 1)`` on every weight and bias; minibatch ``B=100``; SGHMC ``step_size=0.1``,
+``friction=1.0`` (at T = 0: SGD with learning rate 0.1 and momentum 0.9). Both runs take
+3,000 burn-in steps; the posterior run then keeps 4,000 draws, thinned by hand to every 20th
+(200 networks) for the predictive. ``pyro.infer.MCMC`` stores every draw of every weight (2,410
+numbers per draw here), which is why the number of kept draws is modest; the MAP run keeps only its
+last draw (``num_samples=1``). Results are written as JSON to ``--out`` (default
+``bnn_digits_results.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+from pyro.infer import MCMC
+from pyro.infer.autoguide.initialization import init_to_sample
+from pyro.nn import PyroModule, PyroSample
+
+import pyro_sgmcmc
+
+
+# ------------------------------------------------------------------------------------ data
+def load_data(seed: int = 0):
+    """Digits scaled to [0, 1]; a stratified 75/25 train/test split."""
+    digits = load_digits()
+    x = digits.data.astype("float32") / 16.0
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, digits.target, test_size=0.25, random_state=seed, stratify=digits.target
+    )
+    return (
+        torch.tensor(x_train),
+        torch.tensor(y_train, dtype=torch.long),
+        torch.tensor(x_test),
+        torch.tensor(y_test, dtype=torch.long),
+    )
+
+
+# ------------------------------------------------------------------------------------ model
+class BayesianMLP(PyroModule):
+    """``num_in -> num_hidden (tanh) -> num_classes`` with ``Normal(0, prior_scale)`` weights and biases."""
+
+    def __init__(self, num_in: int, num_hidden: int, num_classes: int, prior_scale: float = 1.0):
+        super().__init__()
+        self.hidden = PyroModule[torch.nn.Linear](num_in, num_hidden)
+        self.hidden.weight = PyroSample(dist.Normal(0.0, prior_scale).expand([num_hidden, num_in]).to_event(2))
+        self.hidden.bias = PyroSample(dist.Normal(0.0, prior_scale).expand([num_hidden]).to_event(1))
+        self.out = PyroModule[torch.nn.Linear](num_hidden, num_classes)
+        self.out.weight = PyroSample(dist.Normal(0.0, prior_scale).expand([num_classes, num_hidden]).to_event(2))
+        self.out.bias = PyroSample(dist.Normal(0.0, prior_scale).expand([num_classes]).to_event(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(x)))  # logits
+
+
+def make_model(net: BayesianMLP, batch_size: int):
+    """The model with THE PATTERN: network outside the plate, only the likelihood inside."""
+
+    def model(x, y):
+        # (1) Create the plate object. Constructing it draws this call's minibatch (Pyro's
+        #     subsample site is sampled in the plate's constructor, not on `with`).
+        plate = pyro.plate("data", len(y), subsample_size=batch_size)
+        # (2) The indices of that minibatch.
+        idx = plate.indices
+        # (3) Run the network OUTSIDE the plate: the PyroSample weights are sampled here, with no
+        #     plate around them, so they are global sites of their declared shape and their prior
+        #     is counted once, unscaled.
+        logits = net(x[idx])
+        # (4) Only the likelihood goes inside the plate; Pyro scales it by N / B.
+        with plate:
+            pyro.sample("y", dist.Categorical(logits=logits), obs=y[idx])
+
+    return model
+
+
+def make_naive_model(net: BayesianMLP, batch_size: int):
+    """The naive pattern, for the check only: the network is called inside the plate."""
+
+    def naive_model(x, y):
+        with pyro.plate("data", len(y), subsample_size=batch_size) as idx:
+            logits = net(x[idx])  # the weights become sample sites of the data plate
+            pyro.sample("y", dist.Categorical(logits=logits), obs=y[idx])
+
+    return naive_model
+
+
+def check_plate_pattern(net: BayesianMLP, x, y, batch_size: int) -> dict:
+    """Trace both patterns once and report the shapes and plates of the weight sites.
+
+    Asserts that the pattern gives every weight its parameter shape and no plate, and that the
+    naive pattern gives the first weight the minibatch as a leading dimension.
+    """
+    weight_names = ["hidden.weight", "hidden.bias", "out.weight", "out.bias"]
+    with poutine.block():
+        trace = poutine.trace(make_model(net, batch_size)).get_trace(x, y)
+    pattern = {
+        name: {
+            "shape": list(trace.nodes[name]["value"].shape),
+            "plates": [frame.name for frame in trace.nodes[name]["cond_indep_stack"]],
+        }
+        for name in weight_names
+    }
+    for name, info in pattern.items():
+        assert not info["plates"], f"{name} is inside {info['plates']}"
+    assert pattern["hidden.weight"]["shape"] == [net.hidden.out_features, net.hidden.in_features], pattern
+    assert pattern["out.bias"]["shape"] == [net.out.out_features], pattern
+
+    # The naive pattern: the trace messenger keeps the sites recorded before the forward pass fails.
+    tracer = poutine.trace(make_naive_model(net, batch_size))
+    error = None
+    with poutine.block():
+        try:
+            tracer(x, y)
+        except RuntimeError as exc:  # torch.nn.Linear cannot apply a (B, out, in) batch of weights
+            error = str(exc).splitlines()[0]
+    site = tracer.trace.nodes["hidden.weight"]
+    naive = {
+        "hidden.weight shape": list(site["value"].shape),
+        "plates": [frame.name for frame in site["cond_indep_stack"]],
+        "prior scale": float(site["scale"]),
+        "forward error": error,
+    }
+    assert naive["hidden.weight shape"][0] == batch_size and naive["plates"] == ["data"], naive
+    return {"pattern": pattern, "naive": naive}
+
+
+# ------------------------------------------------------------------------------------ prediction
+@torch.no_grad()
+def predictive_probs(net: BayesianMLP, draws: dict, x: torch.Tensor) -> torch.Tensor:
+    """``(num_draws, len(x), num_classes)`` class probabilities, one network per draw."""
+    num_draws = next(iter(draws.values())).shape[0]
+    probs = []
+    for i in range(num_draws):
+        weights = {name: value[i] for name, value in draws.items()}
+        probs.append(poutine.condition(net, data=weights)(x).softmax(-1))
+    return torch.stack(probs)
+
+
+def scores(probs: torch.Tensor, y: torch.Tensor) -> dict:
+    """Accuracy and mean negative log-likelihood of the probabilities ``(len(y), num_classes)``."""
+    p_true = probs[torch.arange(len(y)), y].clamp_min(1e-12)
+    return {"accuracy": float((probs.argmax(-1) == y).float().mean()), "nll": float(-p_true.log().mean())}
+
+
+# ------------------------------------------------------------------------------------ main
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hidden", type=int, default=32, help="hidden units (default 32)")
+    parser.add_argument("--prior-scale", type=float, default=1.0, help="prior sd of every weight (default 1)")
+    parser.add_argument("--batch-size", type=int, default=100, help="minibatch size B (default 100)")
+    parser.add_argument("--step-size", type=float, default=0.1, help="SGHMC step size (default 0.1)")
+    parser.add_argument("--friction", type=float, default=1.0, help="SGHMC friction (default 1.0)")
+    parser.add_argument("--warmup-steps", type=int, default=3_000, help="burn-in steps of both runs (default 3000)")
+    parser.add_argument("--num-samples", type=int, default=4_000, help="posterior draws kept by MCMC (default 4000)")
+    parser.add_argument("--thin", type=int, default=20, help="use every THIN-th draw for prediction (default 20)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true", help="a few-second smoke run")
+    parser.add_argument("--out", type=Path, default=Path("bnn_digits_results.json"), help="JSON results path")
+    parser.add_argument("--progress", action="store_true", help="show Pyro's progress bars")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.hidden, args.warmup_steps, args.num_samples, args.thin = 16, 100, 100, 10
+    return args
+
+
+def run(args, net, model, x_train, y_train, temperature: float, num_samples: int, seed: int):
+    pyro.set_rng_seed(seed)
+    kernel = pyro_sgmcmc.SGHMC(
+        model,
+        step_size=args.step_size,
+        friction=args.friction,
+        temperature=temperature,
+        # Start from a draw of the prior, i.e. a random network initialisation; the default
+        # init_to_uniform (U(-2, 2) for every weight) would saturate the tanh units.
+        init_strategy=init_to_sample,
+    )
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=args.warmup_steps, disable_progbar=not args.progress)
+    start = time.perf_counter()
+    mcmc.run(x_train, y_train)
+    seconds = time.perf_counter() - start
+    # kernel.diagnostics() rather than mcmc.diagnostics(): the latter also computes ESS and R-hat
+    # of every one of the thousands of weights.
+    diagnostics = kernel.diagnostics()
+    divergences = len(diagnostics["divergences"]) + diagnostics["warmup divergences"]
+    return mcmc.get_samples(), seconds, divergences
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # small matrices: one thread is as fast, and robust under load
+    x_train, y_train, x_test, y_test = load_data(args.seed)
+    num_in, num_classes = x_train.shape[1], int(y_train.max()) + 1
+    pyro.set_rng_seed(args.seed)
+    net = BayesianMLP(num_in, args.hidden, num_classes, args.prior_scale)
+    model = make_model(net, args.batch_size)
+    num_weights = sum(p.numel() for p in torch.nn.Linear(num_in, args.hidden).parameters()) + sum(
+        p.numel() for p in torch.nn.Linear(args.hidden, num_classes).parameters()
+    )
+    print(
+        f"digits: {len(y_train)} train / {len(y_test)} test images, MLP {num_in}-{args.hidden}-{num_classes} "
+        f"({num_weights} weights), minibatch B={args.batch_size}"
+    )
+
+    check = check_plate_pattern(net, x_train, y_train, args.batch_size)
+    print("\nplate pattern check (network outside `with plate:`):")
+    for name, info in check["pattern"].items():
+        print(f"  {name:<14} shape {tuple(info['shape'])!s:<10} plates {info['plates']}")
+    naive = check["naive"]
+    print(
+        f"naive pattern (network inside `with plate:`): hidden.weight shape {tuple(naive['hidden.weight shape'])}, "
+        f"plates {naive['plates']}, prior scaled by {naive['prior scale']:.2f}; forward pass: {naive['forward error']}"
+    )
+
+    # ---------------------------------------------------------------- MAP: temperature 0
+    map_draws, map_seconds, map_divergences = run(args, net, model, x_train, y_train, 0.0, 1, args.seed)
+    map_scores = scores(predictive_probs(net, map_draws, x_test)[0], y_test)
+    map_steps = args.warmup_steps + 1
+    print(f"\nMAP (SGHMC, T=0 = SGD with momentum): {map_steps} steps in {map_seconds:.1f} s")
+
+    # ---------------------------------------------------------------- posterior: temperature 1
+    draws, seconds, divergences = run(args, net, model, x_train, y_train, 1.0, args.num_samples, args.seed + 1)
+    steps = args.warmup_steps + args.num_samples
+    print(f"posterior (SGHMC, T=1): {steps} steps in {seconds:.1f} s ({1e6 * seconds / steps:.0f} us/step)")
+    draws = {name: value[args.thin - 1 :: args.thin] for name, value in draws.items()}  # thin by hand
+    num_draws = next(iter(draws.values())).shape[0]
+    probs = predictive_probs(net, draws, x_test)
+    bayes_scores = scores(probs.mean(0), y_test)  # posterior predictive: average the softmax
+    single = [scores(p, y_test) for p in probs]
+    single_scores = {key: sum(s[key] for s in single) / len(single) for key in ("accuracy", "nll")}
+
+    print(f"\ntest set ({len(y_test)} images)             accuracy     NLL")
+    print(f"  MAP / SGD (T=0)                       {map_scores['accuracy']:.4f}   {map_scores['nll']:.4f}")
+    print(f"  posterior predictive ({num_draws:>3} draws)     {bayes_scores['accuracy']:.4f}   {bayes_scores['nll']:.4f}")
+    print(f"  single posterior draw (average)       {single_scores['accuracy']:.4f}   {single_scores['nll']:.4f}")
+    print(f"divergences: MAP {map_divergences}, posterior {divergences}")
+
+    results = {
+        "config": {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()},
+        "data": {"name": "digits", "num_train": len(y_train), "num_test": len(y_test), "num_weights": num_weights},
+        "plate_check": check,
+        "map": {**map_scores, "seconds": map_seconds, "steps": map_steps, "divergences": map_divergences},
+        "posterior": {
+            **bayes_scores,
+            "seconds": seconds,
+            "steps": steps,
+            "num_draws_used": num_draws,
+            "divergences": divergences,
+            "single_draw_mean_accuracy": single_scores["accuracy"],
+            "single_draw_mean_nll": single_scores["nll"],
+        },
+        "versions": {"torch": torch.__version__, "pyro": pyro.__version__, "pyro_sgmcmc": pyro_sgmcmc.__version__},
+    }
+    if not all(math.isfinite(results[k][m]) for k in ("map", "posterior") for m in ("accuracy", "nll")):
+        print("warning: non-finite scores")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"results written to {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

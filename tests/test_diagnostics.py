@@ -1,0 +1,94 @@
+"""Nested R-hat: the formula by hand, arviz-stats agreement, planted failures, N = 1 draw per chain."""
+
+import numpy as np
+import pytest
+
+from pyro_sgmcmc.diagnostics import nested_rhat, nested_rhat_threshold
+
+
+def _by_hand(draws, ids):
+    """The definition, one loop per sum (Margossian et al. 2024, eqs. 4-7)."""
+    superchains = sorted(set(ids))
+    f = draws.mean()
+    chain_means = draws.mean(axis=1)
+    f_k = [chain_means[ids == k].mean() for k in superchains]
+    K = len(superchains)
+    B = sum((fk - f) ** 2 for fk in f_k) / (K - 1)
+    W = 0.0
+    for k, fk in zip(superchains, f_k):
+        members = np.flatnonzero(ids == k)
+        M, N = len(members), draws.shape[1]
+        b = 0.0 if M == 1 else sum((chain_means[m] - fk) ** 2 for m in members) / (M - 1)
+        w = 0.0 if N == 1 else sum(((draws[m] - chain_means[m]) ** 2).sum() / (N - 1) for m in members) / M
+        W += (b + w) / K
+    return np.sqrt(1 + B / W)
+
+
+@pytest.mark.parametrize("num_draws", [1, 2, 10])
+@pytest.mark.parametrize("per_superchain", [1, 4])
+def test_matches_the_definition(num_draws, per_superchain):
+    rng = np.random.default_rng(1)
+    K = 5
+    draws = rng.normal(size=(K * per_superchain, num_draws)) + rng.normal(size=(K * per_superchain, 1)) * 0.3
+    ids = np.repeat(np.arange(K), per_superchain)
+    rng.shuffle(ids)  # superchain ids need not be contiguous
+    if per_superchain == 1 and num_draws == 1:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            assert np.isnan(nested_rhat(draws, ids)) or np.isinf(nested_rhat(draws, ids))  # W = 0: undefined
+        return
+    assert np.isclose(nested_rhat(draws, ids), _by_hand(draws, ids), rtol=1e-12)
+
+
+def test_agrees_with_arviz_stats_identity_method():
+    arviz_stats = pytest.importorskip("arviz_stats")
+    from arviz_stats.base import array_stats
+
+    rng = np.random.default_rng(2)
+    draws = rng.normal(size=(12, 20, 3)) + np.repeat(rng.normal(size=(4, 1, 3)), 3, axis=0) * 0.5
+    ids = np.repeat(np.arange(4), 3)
+    ours = nested_rhat(draws, ids)
+    theirs = array_stats.rhat_nested(np.moveaxis(draws, (0, 1), (-2, -1)), ids, method="identity")
+    assert np.allclose(ours, theirs, rtol=1e-12), (ours, theirs)
+    assert arviz_stats is not None
+
+
+def test_flags_stuck_superchains_and_passes_mixed_ones_with_one_draw_per_chain():
+    """N = 1 (last state of each chain), K = 8 superchains of M = 64 chains.
+
+    Mixed: all 512 final states iid N(0, 1). Then W ~ 1 and B ~ chi2_{K-1} / ((K - 1) M), so
+    nRhat^2 - 1 < chi2_{7, 0.999} / (7 * 64) = 24.32 / 448 with probability 0.999: nRhat < 1.027.
+    Stuck: half of the superchains sit in a mode at +3, the other half at -3 (a bimodal posterior whose
+    chains never cross): B ~ 9 * 8 / 7 vs W ~ 1, nRhat ~ 3.4; any seed gives > 2.
+    """
+    rng = np.random.default_rng(3)
+    K, M = 8, 64
+    ids = np.repeat(np.arange(K), M)
+    mixed = rng.normal(size=(K * M, 1))
+    stuck = rng.normal(size=(K * M, 1)) + np.where(ids % 2 == 0, 3.0, -3.0)[:, None]
+    bound = np.sqrt(1 + 24.32 / (7 * M))
+    assert nested_rhat(mixed, ids) < bound
+    assert nested_rhat(stuck, ids) > 2.0
+    # the floor-aware threshold is the expected value for mixed chains, between the two
+    assert 1.0 < nested_rhat_threshold(M, 1) < bound
+
+
+def test_inference_data_reads_superchain_coordinate():
+    az = pytest.importorskip("arviz")
+    rng = np.random.default_rng(4)
+    draws = rng.normal(size=(6, 8, 2))
+    idata = az.from_dict(posterior={"theta": draws})
+    idata.posterior = idata.posterior.assign_coords(superchain=("chain", [0, 0, 1, 1, 2, 2]))
+    result = nested_rhat(idata)
+    assert np.allclose(result["theta"].values, nested_rhat(draws, [0, 0, 1, 1, 2, 2]))
+
+
+def test_bad_superchains():
+    draws = np.zeros((6, 3))
+    with pytest.raises(ValueError, match="one entry per chain"):
+        nested_rhat(draws, [0, 1])
+    with pytest.raises(ValueError, match="same number of chains"):
+        nested_rhat(draws, [0, 0, 0, 1, 1, 2])
+    with pytest.raises(ValueError, match="at least 2 superchains"):
+        nested_rhat(draws, [0] * 6)
+    with pytest.raises(ValueError, match="chains_per_superchain must be a positive integer"):
+        nested_rhat_threshold(0)
