@@ -6,6 +6,8 @@ inside :class:`pyro.infer.MCMC` on models with subsampled plates, and :class:`MC
 """
 
 from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, SGMCMCKernel, SGMCMCState
+from .diagnostics import nested_rhat, nested_rhat_threshold
+from .inference_data import to_inference_data
 from .mcmc import MCMC
 from .potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
@@ -14,6 +16,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MCMC",
+    "to_inference_data",
+    "nested_rhat",
+    "nested_rhat_threshold",
     "SGLD",
     "SGHMC",
     "SGNHT",

@@ -13,3 +13,10 @@ def float64():
 
 # Tiny tensors: one thread avoids thread start-up costs (about 10x on a loaded 2-core machine).
 torch.set_num_threads(1)
+
+try:  # plots in tests never need a screen
+    import matplotlib
+
+    matplotlib.use("Agg")
+except ImportError:  # pragma: no cover
+    pass
