@@ -255,7 +255,7 @@ class ModelPotential:
             if not (torch.isfinite(potential) and torch.isfinite(grad).all()):
                 raise ValueError("initial_params give a non-finite potential energy or gradient")
             return position
-        model = InitMessenger(self.init_strategy)(self.model)
+        model = InitMessenger(_discrete_from_prior(self.init_strategy))(self.model)
         values = self._prototype_values
         for _ in range(max_tries):
             if values is None:
@@ -288,12 +288,20 @@ class _SubsampleCheck(Messenger):
 
 
 def _discrete_from_prior(init_strategy: Callable) -> Callable:
-    """Init strategies raise on discrete sites; draw those from the prior so the site check can name them."""
+    """Make an init strategy total: discrete sites are drawn from the prior (so the site check can
+    name them), and sites whose distribution cannot be sampled (``ImproperUniform``, which Pyro's
+    strategies call ``.sample()`` on) start at zero in unconstrained space."""
 
     def init(site):
-        if site["fn"].support.is_discrete:
-            return site["fn"].sample().detach()
-        return init_strategy(site)
+        fn = site["fn"]
+        if fn.support.is_discrete:
+            return fn.sample().detach()
+        try:
+            return init_strategy(site)
+        except NotImplementedError:
+            transform = biject_to(fn.support)
+            shape = transform.inverse_shape(fn.batch_shape + fn.event_shape)
+            return transform(torch.zeros(shape)).detach()
 
     return init
 

@@ -54,7 +54,7 @@ def test_friction_mass_and_options():
         SGHMC(model, mass=0.0)
     with pytest.raises(ValueError, match=r"initial_momentum must be one of \('zero', 'stationary'\)"):
         SGHMC(model, initial_momentum="random")
-    with pytest.raises(ValueError, match=r"on_divergence must be one of \('count', 'raise'\)"):
+    with pytest.raises(ValueError, match=r"on_divergence must be one of \('restart', 'freeze', 'raise'\)"):
         SGLD(model, on_divergence="ignore")
     with pytest.raises(ValueError, match="num_data must be a positive integer"):
         SGLD(model, num_data=0)

@@ -64,7 +64,7 @@ def test_vectorised_run_get_samples_summary_diagnostics(capsys):
     mcmc.summary()
     assert "sigma" in capsys.readouterr().out
     assert mcmc.sample_stats["lp"].shape == (8, 50) and mcmc.sample_stats["diverging"].dtype == torch.bool
-    assert set(mcmc.sample_stats) == {"lp", "step_size", "diverging", "temperature", "kinetic_energy"}
+    assert set(mcmc.sample_stats) == {"lp", "step_size", "diverging", "temperature", "num_divergences", "kinetic_energy"}
     assert mcmc.superchain_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
@@ -131,3 +131,65 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="leading axis of num_chains=4 or num_superchains=2"):
         MCMC(kernel, num_samples=5, num_chains=4, num_superchains=2, chain_method="vectorized",
              initial_params={"w": torch.zeros(3, 3), "sigma": torch.zeros(3)}).run(x, y)  # fmt: skip
+
+
+def two_wall_model():
+    """x is pulled to 5 by its prior; the density is zero past a wall at 0.4 (if s < 0) or 100 (if s > 0).
+
+    s has a flat (improper) density, so its gradient is zero and each chain keeps its own s, hence its wall.
+    """
+    s = pyro.sample("s", dist.ImproperUniform(dist.constraints.real, (), ()))
+    x = pyro.sample("x", dist.Normal(5.0, 1.0))
+    wall = torch.where(s > 0, torch.tensor(100.0), torch.tensor(0.4))
+    pyro.factor("wall", torch.where(x > wall, torch.tensor(-float("inf")), torch.tensor(0.0)))
+
+
+@pytest.mark.parametrize("policy", ["restart", "freeze"])
+def test_divergence_policies_touch_only_the_failing_chain(policy):
+    """T = 0, step 0.1: x_t = 5 - 5 * 0.9^t from x_0 = 0 (gradient descent on (x - 5)^2 / 2).
+
+    Chain 0 (wall 0.4) crosses its wall on its first step; chain 1 (wall 100) never diverges and must
+    follow the gradient-descent path exactly, whatever happens to chain 0."""
+    kernel = SGLD(two_wall_model, step_size=0.1, temperature=0.0, on_divergence=policy)
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=0, num_chains=2, chain_method="vectorized", seed=0,
+                initial_params={"x": torch.zeros(2), "s": torch.tensor([-1.0, 1.0])}, disable_progbar=True)  # fmt: skip
+    mcmc.run()
+    x = mcmc.get_samples(group_by_chain=True)["x"]
+    stats = mcmc.sample_stats
+    assert stats["num_divergences"][1].max() == 0
+    expected = 5 - 5 * 0.9 ** torch.arange(1, 21, dtype=torch.float32)
+    assert torch.allclose(x[1], expected, atol=1e-5)
+    assert torch.all(x[0] == 0.0)  # every move of chain 0 crosses its wall: it stays at its last finite state
+    assert stats["diverging"][0, 0] and not stats["diverging"][1].any()
+    if policy == "freeze":
+        assert stats["num_divergences"][0].tolist() == [1] * 20  # diverged once, then frozen
+    else:
+        assert stats["num_divergences"][0].tolist() == list(range(1, 21))  # retries from x = 0 every step
+    chain, step, phase, sites = kernel.divergence_log[0]
+    assert (chain, step, phase) == (0, 0, "sampling") and sites == "potential energy"
+
+
+def test_raise_names_the_step_chain_and_sites():
+    from pyro_sgmcmc import DivergenceError
+
+    kernel = SGLD(two_wall_model, step_size=0.1, temperature=0.0, on_divergence="raise")
+    mcmc = MCMC(kernel, num_samples=5, warmup_steps=2, num_chains=2, chain_method="vectorized", seed=0,
+                initial_params={"x": torch.zeros(2), "s": torch.tensor([1.0, -1.0])}, disable_progbar=True)  # fmt: skip
+    with pytest.raises(DivergenceError, match=r"non-finite potential energy at step 0 \(warmup\) in chain\(s\) \[1\]"):
+        mcmc.run()
+
+
+def test_non_finite_gradient_names_the_site():
+    def model():
+        a = pyro.sample("a", dist.Normal(0.0, 1.0))
+        b = pyro.sample("b", dist.Normal(0.0, 1.0))
+        # finite potential, but d/db sqrt(|b|) is infinite at b = 0
+        pyro.factor("kink", -torch.sqrt(b.abs()) + 0 * a)
+
+    kernel = SGLD(model, step_size=0.1, temperature=0.0, on_divergence="raise")
+    with pytest.raises(ValueError, match="non-finite"):  # the start itself is rejected, naming the problem
+        MCMC(kernel, num_samples=2, warmup_steps=0, num_chains=2, chain_method="vectorized",
+             initial_params={"a": torch.zeros(2), "b": torch.zeros(2)}, disable_progbar=True).run()  # fmt: skip
+    assert kernel._nonfinite_sites(torch.tensor(1.0), torch.tensor([0.0, float("inf")]), torch.zeros(2)) == (
+        "gradient of site 'b'"
+    )

@@ -18,8 +18,11 @@ step then (1) draws the injected noise, (2) moves with the gradient cached from 
 evaluation, (3) draws the next minibatch and evaluates :math:`U` and :math:`\\nabla U` at the new
 point, caching them. One model evaluation per step; the reported ``lp = -U`` belongs to the
 returned draw. If step (3) gives a non-finite potential or gradient, the step is a *divergence*
-for that chain: the chain stays at its previous point, its momentum is reset to zero, and the step
-is recorded (or, with ``on_divergence="raise"``, an error names the step and the chain).
+for that chain and is recorded (``divergences``, ``divergence_log`` with the sites at fault, and the
+``num_divergences`` statistic); then, by ``on_divergence``: ``"restart"`` (default) puts the chain
+back at its last finite state with zero momentum and lets it go on; ``"freeze"`` stops that chain
+for the rest of the run (its draws repeat its last finite state); ``"raise"`` raises
+:class:`DivergenceError` naming the step, the chains and the sites. Other chains are unaffected.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ class SGMCMCState(NamedTuple):
 
 
 _INITIAL_MOMENTA = ("zero", "stationary")
-_ON_DIVERGENCE = ("count", "raise")
+_ON_DIVERGENCE = ("restart", "freeze", "raise")
 
 
 class SGMCMCKernel(MCMCKernel):
@@ -89,7 +92,7 @@ class SGMCMCKernel(MCMCKernel):
         temperature: float = 1.0,
         num_data: Optional[int] = None,
         init_strategy: Callable = init_to_uniform,
-        on_divergence: str = "count",
+        on_divergence: str = "restart",
     ) -> None:
         if not callable(model):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
@@ -246,6 +249,9 @@ class SGMCMCKernel(MCMCKernel):
         self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
         self._divergences = [[] for _ in range(num_chains)]
         self._num_warmup_divergences = torch.zeros(num_chains, dtype=torch.long)
+        self._num_divergences = torch.zeros(num_chains, dtype=torch.long)
+        self._frozen: Optional[torch.Tensor] = None  # chains stopped by on_divergence="freeze"
+        self.divergence_log: List[tuple] = []
         self._last_diverging = torch.zeros(num_chains, dtype=torch.bool)
         self._last_step_size = self.step_size(0)
 
@@ -258,7 +264,7 @@ class SGMCMCKernel(MCMCKernel):
         position, momentum, thermostat = self._transition(state, drift, step_size, noise)
         energy, grad = self.potential.batched_potential_and_grad(position, self.minibatches.next())
         finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
-        if bool(finite.all()):
+        if bool(finite.all()) and self._frozen is None:
             state = SGMCMCState(position, momentum, thermostat, energy, grad, state.step + 1)
         else:
             state = self._reject_divergent(state, finite, position, momentum, thermostat, energy, grad)
@@ -292,6 +298,7 @@ class SGMCMCKernel(MCMCKernel):
             "step_size": torch.full((num_chains,), self._last_step_size),
             "diverging": self._last_diverging.clone(),
             "temperature": torch.full((num_chains,), self.temperature),
+            "num_divergences": self._num_divergences.clone(),
         }
         stats.update(self._auxiliary_stats(self.state))
         return stats
@@ -347,31 +354,61 @@ class SGMCMCKernel(MCMCKernel):
         return starts.repeat_interleave(repeats, 0)
 
     def _reject_divergent(self, state, finite, position, momentum, thermostat, energy, grad) -> SGMCMCState:
+        """Handle the chains whose new point has a non-finite potential or gradient (and frozen chains)."""
         diverging = ~finite
+        if self._frozen is not None:
+            diverging = diverging & ~self._frozen  # a frozen chain does not diverge again
         chains = diverging.nonzero().flatten().tolist()
-        if self.on_divergence == "raise":
-            phase = "warmup" if state.step < self._warmup_steps else "sampling"
-            what = "potential energy" if not bool(torch.isfinite(energy[chains[0]])) else "gradient"
+        phase = "warmup" if state.step < self._warmup_steps else "sampling"
+        for chain in chains:
+            record = (chain, state.step, phase, self._nonfinite_sites(energy[chain], grad[chain], position[chain]))
+            self.divergence_log.append(record)
+        if chains and self.on_divergence == "raise":
+            chain, step, phase, sites = self.divergence_log[-len(chains)]
             raise DivergenceError(
-                f"{type(self).__name__}: non-finite {what} at step {state.step} ({phase}) in chain(s) {chains}; "
-                "reduce step_size, or pass on_divergence='count' to record it and continue"
+                f"{type(self).__name__}: non-finite {sites} at step {step} ({phase}) in chain(s) {chains}; "
+                "reduce step_size, or pass on_divergence='restart' or 'freeze' to record it and continue"
             )
         if state.step >= self._warmup_steps:
             for chain in chains:
                 self._divergences[chain].append(state.step - self._warmup_steps)
         else:
             self._num_warmup_divergences += diverging.long()
-        keep = finite.unsqueeze(-1)
-        new_momentum = None if momentum is None else torch.where(keep, momentum, torch.zeros_like(momentum))
-        new_thermostat = None if thermostat is None else torch.where(finite, thermostat, state.thermostat)
+        self._num_divergences += diverging.long()
+        if self.on_divergence == "freeze" and chains:
+            self._frozen = diverging if self._frozen is None else self._frozen | diverging
+        # chains that keep the new point: finite, not frozen
+        keep = finite if self._frozen is None else finite & ~self._frozen
+        keep_row = keep.unsqueeze(-1)
+        if momentum is None:
+            new_momentum = None
+        else:  # a restarted chain restarts at rest; a frozen one keeps its (unused) momentum
+            reset = torch.zeros_like(momentum) if self.on_divergence == "restart" else state.momentum
+            new_momentum = torch.where(keep_row, momentum, reset)
+        new_thermostat = None if thermostat is None else torch.where(keep, thermostat, state.thermostat)
         return SGMCMCState(
-            torch.where(keep, position, state.position),
+            torch.where(keep_row, position, state.position),
             new_momentum,
             new_thermostat,
-            torch.where(finite, energy, state.potential),
-            torch.where(keep, grad, state.grad),
+            torch.where(keep, energy, state.potential),
+            torch.where(keep_row, grad, state.grad),
             state.step + 1,
         )
+
+    def _nonfinite_sites(self, energy: torch.Tensor, grad: torch.Tensor, position: torch.Tensor) -> str:
+        """Name what went wrong: 'potential energy' and/or the sites with non-finite position or gradient."""
+        parts = []
+        if not bool(torch.isfinite(energy)):
+            parts.append("potential energy")
+        for site in self.potential.sites:
+            bad = []
+            if not bool(torch.isfinite(position[site.slice]).all()):
+                bad.append("value")
+            if not bool(torch.isfinite(grad[site.slice]).all()):
+                bad.append("gradient")
+            if bad:
+                parts.append(f"{' and '.join(bad)} of site {site.name!r}")
+        return ", ".join(parts) or "values"
 
 
 def _non_negative(value, name: str, meaning: str) -> float:

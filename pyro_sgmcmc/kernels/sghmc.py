@@ -74,7 +74,7 @@ class SGHMC(SGMCMCKernel):
         mass: float = 1.0,
         initial_momentum: str = "zero",
         init_strategy: Callable = init_to_uniform,
-        on_divergence: str = "count",
+        on_divergence: str = "restart",
     ) -> None:
         super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
         self.friction = _non_negative(friction, "friction", "the momentum damping alpha")

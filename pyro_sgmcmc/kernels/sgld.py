@@ -48,10 +48,12 @@ class SGLD(SGMCMCKernel):
     init_strategy : callable
         A Pyro init strategy; default :func:`~pyro.infer.autoguide.initialization.init_to_uniform`.
         ``MCMC(initial_params=...)`` (unconstrained values) takes precedence.
-    on_divergence : {"count", "raise"}
-        What to do when a step gives a non-finite potential or gradient: record it in
-        ``diagnostics()["divergences"]`` and stay at the previous point (default), or raise
-        :class:`~pyro_sgmcmc.DivergenceError` naming the step.
+    on_divergence : {"restart", "freeze", "raise"}
+        What to do when a step gives a non-finite potential or gradient (a *divergence*, always
+        recorded in ``diagnostics()["divergences"]``): put the chain back at its last finite state
+        with zero momentum and go on (``"restart"``, default), stop that chain for the rest of the
+        run (``"freeze"``), or raise :class:`~pyro_sgmcmc.DivergenceError` naming the step, the
+        chain and the sites (``"raise"``). Other chains are never affected.
 
     Examples
     --------
@@ -77,7 +79,7 @@ class SGLD(SGMCMCKernel):
         temperature: float = 1.0,
         num_data: Optional[int] = None,
         init_strategy: Callable = init_to_uniform,
-        on_divergence: str = "count",
+        on_divergence: str = "restart",
     ) -> None:
         super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
 

@@ -69,7 +69,7 @@ class SGNHT(SGMCMCKernel):
         initial_thermostat: Optional[float] = None,
         initial_momentum: str = "zero",
         init_strategy: Callable = init_to_uniform,
-        on_divergence: str = "count",
+        on_divergence: str = "restart",
     ) -> None:
         super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
         self.diffusion = _non_negative(diffusion, "diffusion", "the injected-noise coefficient alpha")

@@ -92,7 +92,7 @@ def test_divergences_are_counted_and_the_chain_stays_finite():
 def test_divergence_can_raise_naming_the_step():
     kernel = SGLD(diverging_model, step_size=0.5, temperature=0.0, on_divergence="raise")
     mcmc = MCMC(kernel, num_samples=5, warmup_steps=2, initial_params={"x": torch.tensor(0.0)}, disable_progbar=True)
-    with pytest.raises(DivergenceError, match=r"non-finite potential energy at step 0 \(warmup\)"):
+    with pytest.raises(DivergenceError, match=r"non-finite potential energy at step 0 \(warmup\) in chain\(s\) \[0\]"):
         mcmc.run()
 
 
@@ -131,4 +131,4 @@ def test_logging_and_last_stats():
     kernel.setup(0, x, y)
     kernel.sample(kernel.initial_params)
     assert list(kernel.logging()) == ["step size", "lp", "div"]
-    assert set(kernel.last_stats) == {"lp", "step_size", "diverging", "temperature", "kinetic_energy", "thermostat"}
+    assert set(kernel.last_stats) == {"lp", "step_size", "diverging", "temperature", "num_divergences", "kinetic_energy", "thermostat"}

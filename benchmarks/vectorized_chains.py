@@ -1,0 +1,766 @@
+"""Benchmark: 256 vectorised SGHMC chains on a Bayesian MLP against a hand-written batched loop.
+
+The requirement measured here: ``pyro_sgmcmc.MCMC(..., chain_method="vectorized")`` running 256
+chains of SGHMC on a small Bayesian neural network written as an ordinary Pyro model must
+
+* take at most 1.5x the time per step of a hand-written batched PyTorch loop that does the same
+  maths for all chains at once, and
+* be at least 10x faster than running the 256 chains one after the other with the same kernel.
+
+Model: scikit-learn's ``load_digits`` (N = 1797 images, 64 pixels scaled to [0, 1], 10 classes), a
+64 -> 40 (tanh) -> 10 MLP with N(0, 1) priors on all 3,010 weights and biases, minibatches of
+B = 128 through ``pyro.plate("data", N, subsample_size=128)``.
+
+Three ways to run the same 256 chains (same start, same step size, friction, temperature):
+
+``ours``
+    ``pyro_sgmcmc.MCMC(SGHMC(model), num_chains=256, chain_method="vectorized", keep_last=1)``:
+    the Pyro model runs once per step under ``torch.func.vmap``.
+``hand``
+    :class:`HandBatchedSGHMC`: plain PyTorch. Per-chain minibatch gather ``x[idx]`` with ``idx``
+    of shape ``(256, 128)``, ``torch.bmm`` for both layers, log prior + N/B-scaled log-likelihood,
+    one ``autograd.grad`` for all chains, the SGHMC update, per-chain noise and per-chain epoch
+    permutations from one ``torch.Generator`` per chain seeded exactly as the package seeds its
+    chains. It reproduces our trajectories to float round-off (checked at the start of the run),
+    so both sides really do the same work.
+``one-by-one``
+    The same kernel, one chain at a time: (a) ``pyro.infer.MCMC(SGHMC(model), num_chains=1)``
+    per chain and (b) the leaner ``kernel.setup_chains(num_chains=1)`` + ``kernel.step()``.
+    Running 256 chains x all steps this way would take minutes, so a few chains are timed for
+    fewer steps and the per-step cost is multiplied by 256 (an extrapolation: reported as such).
+
+Timing. Per-step wall times come from time stamps taken after every step (through ``hook_fn`` for
+the MCMC runs), so set-up (tracing the model, drawing 256 starting points) is excluded and
+reported apart. The machine may be shared with other jobs: the ``ours`` and ``hand`` runs are
+interleaved (alternating which goes first) and repeated; a run's cost is its median step time and
+the reported cost is the best (lowest) over repeats; the ratio is also given per adjacent pair of
+runs (median over pairs), which cancels slow drifts in the background load. Everything is done
+for each ``--threads`` value (``torch.set_num_threads``).
+
+Profiling (``--profile``, on by default): a component breakdown of one vectorised step (noise,
+SGHMC update, minibatch indices, Pyro model + vmap + autograd, finite check) with the matching
+pieces of the hand loop and a vmap-without-Pyro variant, cProfile totals by library (Pyro's trace
+machinery, torch.distributions, functorch's Python layer, torch kernels) and the top operators
+under ``torch.profiler`` for both sides.
+
+PROTOTYPES (``--prototypes``, on by default) are *not* package code: they show what a change to
+``pyro_sgmcmc/`` would buy, by timing the package's step with one piece swapped:
+``fused-update`` (in-place SGHMC update), ``cheap-finite`` (``isfinite(grad.sum(-1))`` instead of
+``isfinite(grad).all(-1)``) and ``no-finite`` (no check at all: the lower bound).
+
+Run it::
+
+    python benchmarks/vectorized_chains.py                    # ~4-6 minutes on 2 cores
+    python benchmarks/vectorized_chains.py --tiny             # seconds, smoke test only
+    python benchmarks/vectorized_chains.py --threads 1 --repeats 5
+
+Results: a table on stdout and JSON in ``--out`` (default
+``benchmarks/results/vectorized_chains.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+import pyro
+import pyro.distributions as dist
+import pyro.infer
+from pyro_sgmcmc import MCMC, SGHMC
+from pyro_sgmcmc.kernels.diffusions import underdamped_step
+from pyro_sgmcmc.random import chain_seed
+
+HIDDEN = 40
+BATCH = 128
+PRIOR_SCALE = 1.0
+STEP_SIZE = 0.05
+FRICTION = 1.0
+MASS = 1.0
+TEMPERATURE = 1.0
+SKIP = 5  # first steps of every run not timed (allocator and dispatch warm-up)
+
+
+# ---------------------------------------------------------------------------------------- data
+def load_data():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    return x, y
+
+
+# ---------------------------------------------------------------------------------- Pyro model
+def bnn_model(x, y):
+    """64 -> 40 (tanh) -> 10 Bayesian MLP, N(0, 1) priors; the minibatch pattern of the requirement."""
+    num_data, num_inputs = x.shape
+    num_classes = 10
+    W1 = pyro.sample("W1", dist.Normal(0.0, PRIOR_SCALE).expand([num_inputs, HIDDEN]).to_event(2))
+    b1 = pyro.sample("b1", dist.Normal(0.0, PRIOR_SCALE).expand([HIDDEN]).to_event(1))
+    W2 = pyro.sample("W2", dist.Normal(0.0, PRIOR_SCALE).expand([HIDDEN, num_classes]).to_event(2))
+    b2 = pyro.sample("b2", dist.Normal(0.0, PRIOR_SCALE).expand([num_classes]).to_event(1))
+    plate = pyro.plate("data", num_data, subsample_size=BATCH)
+    idx = plate.indices
+    logits = torch.tanh(x[idx] @ W1 + b1) @ W2 + b2
+    with plate:
+        pyro.sample("y", dist.Categorical(logits=logits), obs=y[idx])
+
+
+# Flat layout shared by both sides: the package orders sites by name (W1, W2, b1, b2).
+def layout(num_inputs: int, num_classes: int = 10):
+    shapes = {"W1": (num_inputs, HIDDEN), "W2": (HIDDEN, num_classes), "b1": (HIDDEN,), "b2": (num_classes,)}
+    offsets, offset = {}, 0
+    for name, shape in shapes.items():
+        numel = math.prod(shape)
+        offsets[name] = (offset, numel, shape)
+        offset += numel
+    return offsets, offset
+
+
+# ------------------------------------------------------------------------- hand-written baseline
+class HandBatchedSGHMC:
+    """All chains at once in plain PyTorch: the baseline the vectorised path is measured against.
+
+    Same random streams as the package (one ``torch.Generator`` per chain, seeded with
+    ``chain_seed(seed, c)``; per-chain epoch permutations, reshuffled when fewer than ``B`` indices
+    remain; noise drawn row by row), same step order (noise, move with the cached gradient, new
+    minibatch, new gradient), same SGHMC update.
+    """
+
+    def __init__(self, x, y, initial_position: torch.Tensor, seed: int, step_size: float = STEP_SIZE):
+        self.x, self.y = x, y
+        self.num_data, num_inputs = x.shape
+        self.offsets, self.dim = layout(num_inputs)
+        self.num_chains = initial_position.shape[0]
+        self.step_size = step_size
+        self.generators = [torch.Generator().manual_seed(chain_seed(seed, c)) for c in range(self.num_chains)]
+        self.permutation = torch.empty((self.num_chains, self.num_data), dtype=torch.long)
+        self.cursor = self.num_data
+        self.position = initial_position.clone()
+        self.momentum = torch.zeros_like(self.position)
+        self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
+
+    def next_indices(self) -> torch.Tensor:
+        if self.cursor + BATCH > self.num_data:
+            for row, generator in zip(self.permutation, self.generators):
+                row.copy_(torch.randperm(self.num_data, generator=generator))
+            self.cursor = 0
+        idx = self.permutation[:, self.cursor : self.cursor + BATCH]
+        self.cursor += BATCH
+        return idx
+
+    def unpack(self, z: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return {name: z[:, o : o + n].reshape((z.shape[0],) + shape) for name, (o, n, shape) in self.offsets.items()}
+
+    def energy(self, z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """U(z) = -(log prior + N/B * minibatch log-likelihood), shape (num_chains,)."""
+        p = self.unpack(z)
+        xb = self.x[idx]  # (K, B, 64): each chain its own rows
+        hidden = torch.tanh(torch.bmm(xb, p["W1"]) + p["b1"].unsqueeze(1))
+        logits = torch.bmm(hidden, p["W2"]) + p["b2"].unsqueeze(1)
+        log_lik = torch.log_softmax(logits, -1).gather(-1, self.y[idx].unsqueeze(-1)).squeeze(-1).sum(-1)
+        log_prior = (-0.5 / PRIOR_SCALE**2) * (z * z).sum(-1) - self.dim * (
+            math.log(PRIOR_SCALE) + 0.5 * math.log(2 * math.pi)
+        )
+        return -(log_prior + (self.num_data / BATCH) * log_lik)
+
+    def potential_and_grad(self, z: torch.Tensor, idx: torch.Tensor):
+        with torch.enable_grad():
+            z = z.detach().requires_grad_(True)
+            energy = self.energy(z, idx)
+            (grad,) = torch.autograd.grad(energy.sum(), z)
+        return energy.detach(), grad
+
+    def noise(self) -> torch.Tensor:
+        out = torch.empty((self.num_chains, self.dim))
+        for row, generator in zip(out, self.generators):
+            row.normal_(generator=generator)
+        return out
+
+    def step(self) -> None:
+        eps, n = self.step_size, self.num_data
+        noise = self.noise()
+        self.momentum = (
+            (1.0 - eps * FRICTION / MASS) * self.momentum
+            - (eps / n) * self.grad
+            + math.sqrt(2.0 * eps * TEMPERATURE / n * FRICTION) * noise
+        )
+        self.position = self.position + (eps / MASS) * self.momentum
+        self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
+
+    def run(self, num_steps: int, stamps: Optional[List[float]] = None) -> None:
+        for _ in range(num_steps):
+            self.step()
+            if stamps is not None:
+                stamps.append(time.perf_counter())
+
+
+# ---------------------------------------------------------------------------------------- runs
+def initial_positions(num_chains: int, dim: int, seed: int) -> torch.Tensor:
+    """Dispersed starts: N(0, 0.1^2) per weight (the same for every side)."""
+    generator = torch.Generator().manual_seed(seed)
+    return 0.1 * torch.randn(num_chains, dim, generator=generator)
+
+
+def as_params(position: torch.Tensor, num_inputs: int) -> Dict[str, torch.Tensor]:
+    offsets, _ = layout(num_inputs)
+    lead = position.shape[:-1]
+    return {name: position[..., o : o + n].reshape(lead + shape) for name, (o, n, shape) in offsets.items()}
+
+
+def step_times(stamps: List[float], skip: int = SKIP) -> List[float]:
+    diffs = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
+    return diffs[skip:] if len(diffs) > skip + 2 else diffs
+
+
+def run_ours(x, y, init: torch.Tensor, num_steps: int, seed: int) -> dict:
+    stamps: List[float] = []
+
+    def hook(kernel, params, stage, i):
+        stamps.append(time.perf_counter())
+
+    kernel = SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+    mcmc = MCMC(
+        kernel,
+        num_samples=num_steps,
+        warmup_steps=0,
+        initial_params=as_params(init, x.shape[1]),
+        num_chains=init.shape[0],
+        chain_method="vectorized",
+        keep_last=1,
+        seed=seed,
+        hook_fn=hook,
+        disable_progbar=True,
+    )
+    start = time.perf_counter()
+    mcmc.run(x, y)
+    total = time.perf_counter() - start
+    times = step_times(stamps)
+    return {
+        "median_ms": 1e3 * statistics.median(times),
+        "mean_ms": 1e3 * statistics.fmean(times),
+        "setup_s": stamps[0] - start - statistics.median(times),
+        "total_s": total,
+        "divergences": kernel.num_divergences,
+    }
+
+
+def run_hand(x, y, init: torch.Tensor, num_steps: int, seed: int) -> dict:
+    stamps: List[float] = []
+    start = time.perf_counter()
+    hand = HandBatchedSGHMC(x, y, init, seed)
+    stamps.append(time.perf_counter())
+    hand.run(num_steps, stamps)
+    total = time.perf_counter() - start
+    times = step_times(stamps[1:])
+    return {
+        "median_ms": 1e3 * statistics.median(times),
+        "mean_ms": 1e3 * statistics.fmean(times),
+        "setup_s": stamps[0] - start,
+        "total_s": total,
+    }
+
+
+def run_one_by_one_pyro(x, y, init: torch.Tensor, num_chains: int, num_steps: int) -> dict:
+    """``pyro.infer.MCMC(SGHMC(model), num_chains=1)``, one run per chain."""
+    per_step, setups, totals = [], [], []
+    for c in range(num_chains):
+        stamps: List[float] = []
+
+        def hook(kernel, params, stage, i):
+            stamps.append(time.perf_counter())
+
+        kernel = SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+        mcmc = pyro.infer.MCMC(
+            kernel,
+            num_samples=num_steps,
+            warmup_steps=0,
+            initial_params=as_params(init[c], x.shape[1]),
+            num_chains=1,
+            hook_fn=hook,
+            disable_progbar=True,
+        )
+        start = time.perf_counter()
+        mcmc.run(x, y)
+        totals.append(time.perf_counter() - start)
+        times = step_times(stamps)
+        per_step.append(statistics.median(times))
+        setups.append(stamps[0] - start - per_step[-1])
+    return {
+        "chains_timed": num_chains,
+        "steps_timed": num_steps,
+        "per_chain_step_ms": 1e3 * statistics.median(per_step),
+        "setup_per_chain_s": statistics.median(setups),
+    }
+
+
+def run_one_by_one_kernel(x, y, init: torch.Tensor, num_chains: int, num_steps: int, seed: int) -> dict:
+    """``kernel.setup_chains(num_chains=1)`` + ``kernel.step()``: the lean one-chain path."""
+    per_step, setups = [], []
+    kernel = SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+    for c in range(num_chains):
+        start = time.perf_counter()
+        kernel.setup_chains(
+            0, (x, y), {}, num_chains=1, initial_params=as_params(init[c : c + 1], x.shape[1]), seed=seed, chain_ids=[c]
+        )
+        stamps = [time.perf_counter()]
+        for _ in range(num_steps):
+            kernel.step()
+            stamps.append(time.perf_counter())
+        setups.append(stamps[0] - start)
+        per_step.append(statistics.median(step_times(stamps)))
+    return {
+        "chains_timed": num_chains,
+        "steps_timed": num_steps,
+        "per_chain_step_ms": 1e3 * statistics.median(per_step),
+        "setup_per_chain_s": statistics.median(setups),
+    }
+
+
+# ------------------------------------------------------------------------- same-maths check
+def check_same_maths(x, y, init: torch.Tensor, seed: int, num_steps: int = 3) -> dict:
+    """Run both sides from the same start and seed; their states must agree to round-off."""
+    kernel = SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+    kernel.setup_chains(0, (x, y), {}, num_chains=init.shape[0], initial_params=as_params(init, x.shape[1]), seed=seed)
+    hand = HandBatchedSGHMC(x, y, init, seed)
+    out = {"potential_rel_diff_at_start": _rel(kernel.state.potential, hand.potential)}
+    out["grad_rel_diff_at_start"] = _rel(kernel.state.grad, hand.grad)
+    for _ in range(num_steps):
+        kernel.step()
+        hand.step()
+    out[f"position_max_abs_diff_after_{num_steps}_steps"] = float((kernel.state.position - hand.position).abs().max())
+    out[f"momentum_rel_diff_after_{num_steps}_steps"] = _rel(kernel.state.momentum, hand.momentum)
+    out["ok"] = out["grad_rel_diff_at_start"] < 1e-4 and out[f"momentum_rel_diff_after_{num_steps}_steps"] < 1e-3
+    return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+# -------------------------------------------------------------------------------- profiling
+def best_ms(fn: Callable, number: int, repeat: int) -> float:
+    """Best over ``repeat`` blocks of the mean time of ``number`` calls, in ms."""
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - start) / number)
+    return 1e3 * best
+
+
+def plain_vmap_potential(x, y, dim: int, num_inputs: int):
+    """vmap(grad(one chain's U)) in plain torch: the vectorised path without Pyro's trace machinery."""
+    offsets, _ = layout(num_inputs)
+    num_data = x.shape[0]
+
+    def energy(z, idx):
+        p = {name: z[o : o + n].reshape(shape) for name, (o, n, shape) in offsets.items()}
+        logits = torch.tanh(x[idx] @ p["W1"] + p["b1"]) @ p["W2"] + p["b2"]
+        log_lik = torch.log_softmax(logits, -1).gather(-1, y[idx].unsqueeze(-1)).sum()
+        log_prior = -0.5 * (z * z).sum() - dim * 0.5 * math.log(2 * math.pi)
+        return -(log_prior + (num_data / BATCH) * log_lik)
+
+    fn = torch.func.vmap(torch.func.grad_and_value(energy), in_dims=(0, 0))
+    return fn
+
+
+def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat: int) -> dict:
+    kernel = SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+    kernel.setup_chains(0, (x, y), {}, num_chains=init.shape[0], initial_params=as_params(init, x.shape[1]), seed=seed)
+    hand = HandBatchedSGHMC(x, y, init, seed)
+    for _ in range(SKIP):
+        kernel.step()
+        hand.step()
+    state = kernel.state
+    idx = kernel.minibatches.next()
+    pos = state.position
+    drift = state.grad * (-1.0 / kernel.potential.num_data)
+    noise = kernel.generators.normal(pos.shape[1:], pos.dtype)
+    plain = plain_vmap_potential(x, y, pos.shape[1], x.shape[1])
+    steps_per_epoch = x.shape[0] // BATCH
+
+    def minibatch_epoch():
+        for _ in range(steps_per_epoch):
+            kernel.minibatches.next()
+
+    def hand_epoch():
+        for _ in range(steps_per_epoch):
+            hand.next_indices()
+
+    with pyro.validation_enabled(False):
+        pieces = {
+            "ours: full step (kernel.step)": lambda: kernel.step(),
+            "ours: noise (ChainGenerators.normal, 256 generators)": lambda: kernel.generators.normal(
+                pos.shape[1:], pos.dtype
+            ),
+            "ours: SGHMC update (underdamped_step)": lambda: kernel._transition(
+                state, drift, STEP_SIZE, noise
+            ),
+            "ours: finite check (isfinite(U) & isfinite(grad).all(-1))": lambda: torch.isfinite(state.potential)
+            & torch.isfinite(state.grad).all(-1),
+            "ours: potential + grad (Pyro model under vmap)": lambda: kernel.potential.batched_potential_and_grad(
+                pos, idx
+            ),
+            "no-Pyro: vmap(grad(plain torch U))": lambda: plain(pos, idx["data"]),
+            "hand: full step": lambda: hand.step(),
+            "hand: noise (256 generators)": lambda: hand.noise(),
+            "hand: potential + grad (bmm + autograd)": lambda: hand.potential_and_grad(pos, idx["data"]),
+        }
+        out = {name: best_ms(fn, number, repeat) for name, fn in pieces.items()}
+        out["ours: minibatch indices (amortised, incl. epoch permutations)"] = (
+            best_ms(minibatch_epoch, 1, repeat) / steps_per_epoch
+        )
+        out["hand: minibatch indices (amortised, incl. epoch permutations)"] = (
+            best_ms(hand_epoch, 1, repeat) / steps_per_epoch
+        )
+        out["global randn (one generator, for reference)"] = best_ms(
+            lambda: torch.randn(pos.shape), number, repeat
+        )
+    return out
+
+
+def profile_python(x, y, init: torch.Tensor, seed: int, num_steps: int) -> dict:
+    """cProfile of ``num_steps`` vectorised steps, total time by where the code lives."""
+    kernel = SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+    kernel.setup_chains(0, (x, y), {}, num_chains=init.shape[0], initial_params=as_params(init, x.shape[1]), seed=seed)
+    for _ in range(SKIP):
+        kernel.step()
+    profiler = cProfile.Profile()
+    with pyro.validation_enabled(False):
+        profiler.enable()
+        for _ in range(num_steps):
+            kernel.step()
+        profiler.disable()
+    stats = pstats.Stats(profiler)
+    groups: Dict[str, float] = {}
+    total = 0.0
+    for (filename, _, funcname), (_, _, tottime, _, _) in stats.stats.items():
+        total += tottime
+        if filename == "~":  # built-ins: the torch operators (their C++ time) and Python built-ins
+            key = "torch operators and builtins (C++)"
+            if funcname == "<method 'run_backward' of 'torch._C._EngineBase' objects>":
+                key = "autograd backward (C++)"
+        elif "/pyro_sgmcmc/" in filename:
+            key = "pyro_sgmcmc (Python)"
+        elif "/pyro/" in filename:
+            key = "pyro: trace/messenger/distributions (Python)"
+        elif "/torch/_functorch/" in filename or "/torch/utils/_pytree" in filename:
+            key = "functorch vmap/grad wrappers (Python)"
+        elif "/torch/distributions/" in filename:
+            key = "torch.distributions (Python)"
+        elif "/torch/" in filename:
+            key = "other torch Python"
+        elif filename.endswith("vectorized_chains.py"):
+            key = "model function body (incl. its operators)"
+        else:
+            key = "other Python"
+        groups[key] = groups.get(key, 0.0) + tottime
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
+    return {
+        "ms_per_step_under_cprofile": 1e3 * total / num_steps,
+        "ms_per_step_by_group": {k: 1e3 * v / num_steps for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+        "top_functions": text.getvalue(),
+    }
+
+
+def profile_operators(x, y, init: torch.Tensor, seed: int, num_steps: int, top: int = 12) -> dict:
+    """torch.profiler: self CPU time per operator, ours vs hand, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kernel = SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+    kernel.setup_chains(0, (x, y), {}, num_chains=init.shape[0], initial_params=as_params(init, x.shape[1]), seed=seed)
+    hand = HandBatchedSGHMC(x, y, init, seed)
+    for _ in range(SKIP):
+        kernel.step()
+        hand.step()
+    out = {}
+    for name, fn in (("ours", kernel.step), ("hand", hand.step)):
+        with pyro.validation_enabled(False), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(num_steps):
+                fn()
+        rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        total = sum(e.self_cpu_time_total for e in rows)
+        out[name] = {
+            "self_cpu_ms_per_step": total / 1e3 / num_steps,
+            "num_operator_calls_per_step": sum(e.count for e in rows) / num_steps,
+            "top": [
+                {
+                    "op": e.key,
+                    "ms_per_step": e.self_cpu_time_total / 1e3 / num_steps,
+                    "calls_per_step": e.count / num_steps,
+                }
+                for e in rows[:top]
+            ],
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------- prototypes
+class _PrototypeStep:
+    """PROTOTYPE (not package code): the package's ``SGMCMCKernel.step`` with pieces swapped.
+
+    ``fused_update``: the SGHMC update done in place (``mul_``/``add_``) instead of building new
+    tensors; ``finite``: ``"all"`` (the package's check), ``"sum"`` (``isfinite(grad.sum(-1))``:
+    NaN and inf propagate through the sum) or ``"none"``.
+    """
+
+    def __init__(self, kernel, fused_update: bool, finite: str):
+        self.kernel, self.fused_update, self.finite = kernel, fused_update, finite
+
+    def __call__(self):
+        k = self.kernel
+        state = k.state
+        eps = k.step_size(state.step)
+        noise = k.generators.normal(state.position.shape[1:], state.position.dtype)
+        if self.fused_update:
+            momentum = state.momentum.mul_(1.0 - eps * k.friction / k.mass)
+            momentum.add_(state.grad, alpha=-eps * k._inverse_num_data)
+            momentum.add_(noise, alpha=math.sqrt(2.0 * eps * k.noise_temperature * k.friction))
+            position = state.position.add(momentum, alpha=eps / k.mass)
+        else:
+            drift = state.grad * (-k._inverse_num_data)
+            position, momentum = underdamped_step(
+                state.position, state.momentum, drift, eps, k.noise_temperature, k.friction, k.mass, noise
+            )
+        energy, grad = k.potential.batched_potential_and_grad(position, k.minibatches.next())
+        if self.finite == "all":
+            ok = bool((torch.isfinite(energy) & torch.isfinite(grad).all(-1)).all())
+        elif self.finite == "sum":
+            ok = bool(torch.isfinite(energy + grad.sum(-1)).all())
+        else:
+            ok = True
+        assert ok
+        k.state = state._replace(position=position, momentum=momentum, potential=energy, grad=grad, step=state.step + 1)
+
+
+def run_prototypes(x, y, init: torch.Tensor, seed: int, number: int, repeat: int) -> dict:
+    variants = {
+        "package step": None,
+        "PROTOTYPE fused-update": (True, "all"),
+        "PROTOTYPE cheap-finite": (False, "sum"),
+        "PROTOTYPE fused-update + cheap-finite": (True, "sum"),
+        "PROTOTYPE no-finite (lower bound)": (False, "none"),
+    }
+    kernels, fns = {}, {}
+    for name, spec in variants.items():
+        kernel = SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+        kernel.setup_chains(
+            0, (x, y), {}, num_chains=init.shape[0], initial_params=as_params(init, x.shape[1]), seed=seed
+        )
+        kernels[name] = kernel
+        fns[name] = kernel.step if spec is None else _PrototypeStep(kernel, *spec)
+    hand = HandBatchedSGHMC(x, y, init, seed)
+    fns["hand"] = hand.step
+    for fn in fns.values():
+        for _ in range(SKIP):
+            fn()
+    # Interleave the variants block by block so that background load hits them alike.
+    best = {name: math.inf for name in fns}
+    with pyro.validation_enabled(False):
+        for _ in range(repeat):
+            for name, fn in fns.items():
+                best[name] = min(best[name], best_ms(fn, number, 1))
+    return {name: {"ms_per_step": ms, "ratio_to_hand": ms / best["hand"]} for name, ms in best.items()}
+
+
+# ------------------------------------------------------------------------------------- main
+def machine_info() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def load_average() -> Optional[List[float]]:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chains", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=150, help="timed steps per run, ours and hand alike")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved ours/hand run pairs per thread count")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--serial-chains", type=int, default=4, help="chains timed one by one (extrapolated to --chains)")
+    parser.add_argument("--serial-steps", type=int, default=60, help="steps per chain timed one by one")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--no-prototypes", dest="prototypes", action="store_false")
+    parser.add_argument("--tiny", action="store_true", help="a few chains and steps: smoke test only")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "vectorized_chains.json")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.chains, args.steps, args.repeats, args.serial_chains, args.serial_steps = 8, 12, 1, 2, 10
+
+    x, y = load_data()
+    _, dim = layout(x.shape[1])
+    init = initial_positions(args.chains, dim, args.seed)
+    started = time.perf_counter()
+    result = {
+        "machine": machine_info(),
+        "load_average_at_start": load_average(),
+        "config": {
+            "data": f"sklearn load_digits, N={x.shape[0]}, {x.shape[1]} inputs, 10 classes",
+            "network": f"{x.shape[1]} -> {HIDDEN} (tanh) -> 10, N(0, {PRIOR_SCALE}) priors",
+            "num_weights": dim,
+            "batch_size": BATCH,
+            "num_chains": args.chains,
+            "timed_steps_per_run": args.steps,
+            "untimed_first_steps": SKIP,
+            "repeats": args.repeats,
+            "step_size": STEP_SIZE,
+            "friction": FRICTION,
+            "temperature": TEMPERATURE,
+            "serial_chains_timed": args.serial_chains,
+            "serial_steps_timed": args.serial_steps,
+            "tiny": args.tiny,
+        },
+        "threads": {},
+    }
+    torch.set_num_threads(args.threads[0])
+    result["same_maths_check"] = check_same_maths(x, y, init, args.seed)
+    print("same-maths check (ours vs hand, same start and seed):", json.dumps(result["same_maths_check"]))
+
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        ours_runs, hand_runs = [], []
+        for r in range(args.repeats):
+            order = ("ours", "hand") if r % 2 == 0 else ("hand", "ours")
+            for side in order:
+                if side == "ours":
+                    ours_runs.append(run_ours(x, y, init, args.steps + SKIP, args.seed))
+                else:
+                    hand_runs.append(run_hand(x, y, init, args.steps + SKIP, args.seed))
+        serial_pyro = run_one_by_one_pyro(x, y, init, args.serial_chains, args.serial_steps + SKIP)
+        serial_kernel = run_one_by_one_kernel(x, y, init, args.serial_chains, args.serial_steps + SKIP, args.seed)
+        ours_ms = min(r["median_ms"] for r in ours_runs)
+        hand_ms = min(r["median_ms"] for r in hand_runs)
+        paired = [o["median_ms"] / h["median_ms"] for o, h in zip(ours_runs, hand_runs)]
+        serial_pyro_ms = args.chains * serial_pyro["per_chain_step_ms"]
+        serial_kernel_ms = args.chains * serial_kernel["per_chain_step_ms"]
+        entry = {
+            "ours_ms_per_step": ours_ms,
+            "hand_ms_per_step": hand_ms,
+            "ratio_ours_over_hand": ours_ms / hand_ms,
+            "ratio_ours_over_hand_paired_median": statistics.median(paired),
+            "one_by_one_pyro_mcmc_ms_per_step_extrapolated": serial_pyro_ms,
+            "one_by_one_setup_chains_ms_per_step_extrapolated": serial_kernel_ms,
+            "speedup_vs_one_by_one_pyro_mcmc": serial_pyro_ms / ours_ms,
+            "speedup_vs_one_by_one_setup_chains": serial_kernel_ms / ours_ms,
+            "ours_setup_s": min(r["setup_s"] for r in ours_runs),
+            "hand_setup_s": min(r["setup_s"] for r in hand_runs),
+            "one_by_one_pyro_mcmc_setup_per_chain_s": serial_pyro["setup_per_chain_s"],
+            "ours_runs": ours_runs,
+            "hand_runs": hand_runs,
+            "one_by_one_pyro_mcmc": serial_pyro,
+            "one_by_one_setup_chains": serial_kernel,
+        }
+        entry["pass_within_1.5x_of_hand"] = entry["ratio_ours_over_hand"] <= 1.5
+        entry["pass_10x_over_one_by_one"] = min(entry["speedup_vs_one_by_one_pyro_mcmc"], entry["speedup_vs_one_by_one_setup_chains"]) >= 10
+        result["threads"][str(threads)] = entry
+        print(f"threads={threads}: ours {ours_ms:.1f} ms/step, hand {hand_ms:.1f} ms/step, "
+              f"one-by-one {serial_pyro_ms:.0f} / {serial_kernel_ms:.0f} ms/step (extrapolated)", flush=True)  # fmt: skip
+
+    profile_threads = args.threads[0]
+    torch.set_num_threads(profile_threads)
+    number, repeat = (3, 2) if args.tiny else (10, 5)
+    if args.profile:
+        result["profile"] = {
+            "threads": profile_threads,
+            "components_ms": profile_components(x, y, init, args.seed, number, repeat),
+            "cprofile": profile_python(x, y, init, args.seed, number * 2),
+            "operators": profile_operators(x, y, init, args.seed, number),
+        }
+    if args.prototypes:
+        result["prototypes"] = {"threads": profile_threads, **run_prototypes(x, y, init, args.seed, number, repeat)}
+    result["load_average_at_end"] = load_average()
+    result["wall_time_s"] = time.perf_counter() - started
+
+    print_report(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    print(f"\nwrote {args.out}")
+    return result
+
+
+def print_report(result: dict) -> None:
+    cfg = result["config"]
+    print(
+        f"\n{cfg['num_chains']} chains of SGHMC, Bayesian MLP with {cfg['num_weights']} weights, "
+        f"B={cfg['batch_size']}; ms per step of all chains (best over {cfg['repeats']} runs of "
+        f"{cfg['timed_steps_per_run']} steps; one-by-one: {cfg['serial_chains_timed']} chains x "
+        f"{cfg['serial_steps_timed']} steps, x{cfg['num_chains']})"
+    )
+    header = (
+        f"{'threads':>7} | {'ours':>8} | {'hand':>8} | {'ours/hand':>9} | {'paired':>6} | "
+        f"{'1-by-1 MCMC':>11} | {'1-by-1 kern':>11} | {'speed-up':>13} | {'<=1.5x':>6} | {'>=10x':>5}"
+    )
+    print(header)
+    print("-" * len(header))
+    for threads, e in result["threads"].items():
+        print(
+            f"{threads:>7} | {e['ours_ms_per_step']:8.1f} | {e['hand_ms_per_step']:8.1f} | "
+            f"{e['ratio_ours_over_hand']:9.2f} | {e['ratio_ours_over_hand_paired_median']:6.2f} | "
+            f"{e['one_by_one_pyro_mcmc_ms_per_step_extrapolated']:11.0f} | "
+            f"{e['one_by_one_setup_chains_ms_per_step_extrapolated']:11.0f} | "
+            f"{e['speedup_vs_one_by_one_pyro_mcmc']:5.1f} / {e['speedup_vs_one_by_one_setup_chains']:5.1f} | "
+            f"{'pass' if e['pass_within_1.5x_of_hand'] else 'FAIL':>6} | "
+            f"{'pass' if e['pass_10x_over_one_by_one'] else 'FAIL':>5}"
+        )
+    if "profile" in result:
+        prof = result["profile"]
+        print(f"\nComponents of one step, threads={prof['threads']} (best of repeats, ms):")
+        for name, ms in prof["components_ms"].items():
+            print(f"  {ms:8.2f}  {name}")
+        print(f"\ncProfile of the vectorised step by where the time is spent (ms/step, "
+              f"{prof['cprofile']['ms_per_step_under_cprofile']:.1f} ms/step under the profiler):")  # fmt: skip
+        for name, ms in prof["cprofile"]["ms_per_step_by_group"].items():
+            print(f"  {ms:8.2f}  {name}")
+        for side in ("ours", "hand"):
+            ops = prof["operators"][side]
+            print(f"\ntorch.profiler, {side}: {ops['self_cpu_ms_per_step']:.1f} ms self CPU per step, "
+                  f"{ops['num_operator_calls_per_step']:.0f} operator calls per step; top operators:")  # fmt: skip
+            for row in ops["top"]:
+                print(f"  {row['ms_per_step']:8.2f} ms  {row['calls_per_step']:7.1f} calls  {row['op']}")
+    if "prototypes" in result:
+        print(f"\nPrototype variants of the step, threads={result['prototypes']['threads']} (NOT package code):")
+        for name, row in result["prototypes"].items():
+            if name != "threads":
+                print(f"  {row['ms_per_step']:8.2f} ms  x{row['ratio_to_hand']:.2f} of hand  {name}")
+    print(f"\nload average at start {result['load_average_at_start']}, at end {result['load_average_at_end']}; "
+          f"wall time {result['wall_time_s']:.0f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
