@@ -10,8 +10,10 @@ own minibatches. Everything else (``get_samples``, ``summary``, ``diagnostics``,
 
 from __future__ import annotations
 
+import os
 from collections import deque
-from typing import Callable, Dict, Optional
+from pathlib import Path
+from typing import Callable, Dict, Optional, Union
 
 import torch
 
@@ -20,6 +22,7 @@ import pyro.infer
 import pyro.poutine as poutine
 from pyro.util import optional
 
+from .checkpoint import load_checkpoint, save_checkpoint
 from .kernels.base import SGMCMCKernel
 
 __all__ = ["MCMC"]
@@ -53,6 +56,19 @@ disable_validation, transforms, save_params :
     seed : int, optional
         Seed of the per-chain random streams (chain ``c`` uses a stream determined by ``(seed, c)``
         only). Default: drawn from torch's global generator, so ``pyro.set_rng_seed`` applies.
+    checkpoint_path : str or path, optional
+        Write the run's complete state (positions, momenta, thermostats, step counter, every
+        chain's random-generator state and minibatch cursor, draws and statistics so far,
+        divergence records) to this file every ``checkpoint_every`` steps, atomically. If the
+        file exists when :meth:`run` starts (an interrupted run with the same settings) and
+        ``resume`` is true, the run continues from it and its draws are bit-identical to those of
+        an uninterrupted run; a file from a run with other settings raises
+        :class:`~pyro_sgmcmc.checkpoint.CheckpointMismatch`. The final checkpoint is kept.
+    checkpoint_every : int, optional
+        Steps between checkpoints (a process killed at any moment loses at most this many steps).
+        Default 1,000 when ``checkpoint_path`` is given.
+    resume : bool
+        Continue from an existing checkpoint (default) or start afresh and overwrite it.
 
     Attributes
     ----------
@@ -99,6 +115,9 @@ disable_validation, transforms, save_params :
         thinning: int = 1,
         keep_last: Optional[int] = None,
         seed: Optional[int] = None,
+        checkpoint_path: Optional[Union[str, os.PathLike]] = None,
+        checkpoint_every: Optional[int] = None,
+        resume: bool = True,
     ) -> None:
         if chain_method not in _CHAIN_METHODS:
             raise ValueError(f"chain_method must be one of {_CHAIN_METHODS}; got {chain_method!r}")
@@ -118,10 +137,17 @@ disable_validation, transforms, save_params :
         self.seed = seed
         self.sample_stats: Dict[str, torch.Tensor] = {}
         self.superchain_ids = torch.arange(num_chains) // (num_chains // self.num_superchains)
+        if checkpoint_every is not None:
+            _check_positive_int(checkpoint_every, "checkpoint_every")
+            if checkpoint_path is None:
+                raise ValueError("checkpoint_every needs checkpoint_path")
+        self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
+        self.checkpoint_every = checkpoint_every or (1000 if checkpoint_path is not None else None)
+        self.resume = bool(resume)
         if chain_method == "default":
-            if num_superchains is not None or thinning != 1 or keep_last is not None or seed is not None:
+            if num_superchains is not None or thinning != 1 or keep_last is not None or seed is not None or checkpoint_path:
                 raise ValueError(
-                    "num_superchains, thinning, keep_last and seed need chain_method='vectorized' "
+                    "num_superchains, thinning, keep_last, seed and checkpoint_path need chain_method='vectorized' "
                     "(Pyro's own chain methods do not support them)"
                 )
             super().__init__(
@@ -196,9 +222,17 @@ disable_validation, transforms, save_params :
         positions: deque = deque(maxlen=keep)
         stats: deque = deque(maxlen=keep)
         total = self.warmup_steps + self._num_kept_steps * self.thinning
+        start = 0
+        fingerprint = self._fingerprint(kernel) if self.checkpoint_path is not None else None
+        if fingerprint is not None and self.resume and self.checkpoint_path.exists():
+            saved = load_checkpoint(self.checkpoint_path, fingerprint)
+            kernel.load_state_dict(saved["kernel"])
+            positions.extend(p.to(kernel.state.position.device) for p in saved["positions"])
+            stats.extend(saved["stats"])
+            start = saved["steps_done"]
         progress = _progress(total, self.disable_progbar)
         refresh = max(1, total // 200)  # cheap progress bar: about 200 updates per run
-        for t in range(total):
+        for t in range(start, total):
             state = kernel.step()
             sampling = t >= self.warmup_steps
             if sampling and (t - self.warmup_steps + 1) % self.thinning == 0:
@@ -206,6 +240,18 @@ disable_validation, transforms, save_params :
                 stats.append(kernel.last_stats)
             if self.hook_fn is not None:
                 self.hook_fn(kernel, kernel.potential.unpack(state.position), "Sample" if sampling else "Warmup", t)
+            if fingerprint is not None and ((t + 1) % self.checkpoint_every == 0 or t == total - 1):
+                save_checkpoint(
+                    {
+                        "fingerprint": fingerprint,
+                        "steps_done": t + 1,
+                        "phase": "sampling" if t + 1 > self.warmup_steps else "warmup",
+                        "kernel": kernel.state_dict(),
+                        "positions": [p.cpu() for p in positions],
+                        "stats": list(stats),
+                    },
+                    self.checkpoint_path,
+                )
             if progress is not None and (t % refresh == 0 or t == total - 1):
                 progress.set_description("Sample" if sampling else "Warmup", refresh=False)
                 progress.set_postfix(kernel.logging(), refresh=False)
@@ -213,6 +259,27 @@ disable_validation, transforms, save_params :
         if progress is not None:
             progress.close()
         return positions, list(stats)
+
+    def _fingerprint(self, kernel: SGMCMCKernel) -> dict:
+        """The settings a checkpoint must share with the run that resumes it."""
+        hyper = {
+            k: repr(v) for k, v in vars(kernel).items()
+            if not k.startswith("_") and (isinstance(v, (int, float, str)) or k == "step_size")
+        }  # fmt: skip
+        potential = kernel.potential
+        return {
+            "kernel": type(kernel).__name__,
+            "hyperparameters": hyper,
+            "sites": [(s.name, tuple(s.unconstrained_shape)) for s in potential.sites],
+            "num_data": potential.num_data,
+            "num_chains": self.num_chains,
+            "num_superchains": self.num_superchains,
+            "warmup_steps": self.warmup_steps,
+            "num_samples": self._num_kept_steps,
+            "thinning": self.thinning,
+            "keep_last": self.keep_last,
+            "seed": self.seed,
+        }
 
 
 def _progress(total: int, disable: bool):

@@ -93,7 +93,8 @@ class _CallableSchedule(Schedule):
         return float(self.fn(t))
 
     def __repr__(self) -> str:
-        return f"CallableSchedule({self.fn!r})"
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        return f"CallableSchedule({getattr(self.fn, '__module__', '')}.{name})"
 
 
 _NAMED = {"constant": Constant, "robbins_monro": RobbinsMonro}

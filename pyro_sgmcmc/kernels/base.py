@@ -273,6 +273,47 @@ class SGMCMCKernel(MCMCKernel):
         self._last_diverging = ~finite
         return state
 
+    def state_dict(self) -> dict:
+        """Everything needed to continue these chains exactly: state, random streams, minibatch
+        cursors, divergence records. Tensors are moved to the CPU (load puts them back)."""
+        state = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in self.state._asdict().items()}
+        return {
+            "state": state,
+            "generators": [g.cpu() for g in self.generators.get_state()],
+            "seed": self.generators.seed,
+            "chain_ids": list(self.generators.chain_ids),
+            "minibatches": self.minibatches.state_dict(),
+            "divergences": [list(d) for d in self._divergences],
+            "num_warmup_divergences": self._num_warmup_divergences.clone(),
+            "num_divergences": self._num_divergences.clone(),
+            "frozen": None if self._frozen is None else self._frozen.clone(),
+            "divergence_log": list(self.divergence_log),
+            "last_step_size": self._last_step_size,
+            "last_diverging": self._last_diverging.clone(),
+        }
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Restore :meth:`state_dict` into chains set up with :meth:`setup_chains` on the same model."""
+        device = self.state.position.device
+        fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in saved["state"].items()}
+        if fields["position"].shape != self.state.position.shape:
+            raise ValueError(
+                f"saved chains have positions of shape {tuple(fields['position'].shape)}, these have "
+                f"{tuple(self.state.position.shape)}"
+            )
+        self.state = SGMCMCState(**fields)
+        self.generators = ChainGenerators(saved["seed"], saved["chain_ids"], device)
+        self.generators.set_state(saved["generators"])
+        self.minibatches = MinibatchSampler(self.potential.subsample_plates, self.generators)
+        self.minibatches.load_state_dict(saved["minibatches"])
+        self._divergences = [list(d) for d in saved["divergences"]]
+        self._num_warmup_divergences = saved["num_warmup_divergences"].clone()
+        self._num_divergences = saved["num_divergences"].clone()
+        self._frozen = None if saved["frozen"] is None else saved["frozen"].clone()
+        self.divergence_log = list(saved["divergence_log"])
+        self._last_step_size = saved["last_step_size"]
+        self._last_diverging = saved["last_diverging"].clone()
+
     @property
     def num_divergences(self) -> int:
         """Divergences so far, over all chains, warmup included."""

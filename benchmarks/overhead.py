@@ -1,0 +1,376 @@
+"""Per-step overhead of the SG-MCMC kernels against a hand-written PyTorch loop.
+
+For two models, the time of one step (minibatch draw, log density, gradient, update) of:
+
+* ``hand``: a plain PyTorch loop: ``torch.randperm`` for the minibatch, the log density written by
+  hand with ``torch.distributions`` (validation off), ``torch.autograd.grad`` on a flat parameter
+  vector, and the SGLD / SGHMC update written out;
+* ``direct``: ``kernel.setup(...)`` once, then ``params = kernel.sample(params)`` in a loop, with
+  Pyro's distribution validation on (Pyro's default outside ``MCMC``) and off;
+* ``MCMC``: ``pyro.infer.MCMC(kernel, ...).run(...)`` with ``disable_progbar=True`` (MCMC turns
+  validation off by default), total wall time over all steps, set-up and sample storage included.
+
+Models:
+
+* ``linreg``: Bayesian linear regression, D = 10 features, N = 10,000, B = 100: ``w ~ N(0, 1)``,
+  ``b ~ N(0, 1)``, ``sigma ~ HalfCauchy(2.5)`` (12 unconstrained numbers);
+* ``mlp``: a ``PyroModule`` MLP classifier 64 -> 128 (tanh) -> 10, ``N(0, 1)`` weights
+  (9,610 numbers), N = 10,000 synthetic points, B = 100, written with the plate pattern of
+  ``examples/bnn_digits.py``.
+
+Before timing, the script checks that the hand loop and the kernel take the *same* steps: from
+the same state and random seed, both draw the same minibatches (``torch.randperm``) and noise
+(``torch.randn``), and their trajectories agree to float32 rounding.
+
+Each timing is repeated (``--repeats``, interleaving the variants) and the *minimum* per-step time
+is reported, the estimate least disturbed by other processes; medians are in the JSON. A
+``cProfile`` run of ``kernel.sample`` attributes the per-step time to its parts.
+
+Reproduce::
+
+    python benchmarks/overhead.py --out benchmarks/overhead_results.json
+
+Options: ``--steps-scale 0.1`` for a quick run, ``--threads`` (default 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import math
+import os
+import platform
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributions as tdist
+
+import pyro
+import pyro.distributions as dist
+from pyro.infer import MCMC
+from pyro.nn import PyroModule, PyroSample
+
+import pyro_sgmcmc
+
+STEP_SIZE, FRICTION, TEMPERATURE = 1e-3, 1.0, 1.0
+
+
+# ====================================================================================== models
+class LinReg:
+    name = "linreg"
+    description = "linear regression, D=10, N=10,000, B=100"
+
+    def __init__(self, num_data=10_000, num_features=10, batch_size=100):
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(num_data, num_features, generator=g)
+        w = torch.randn(num_features, generator=g)
+        self.y = self.x @ w + 0.5 + 0.7 * torch.randn(num_data, generator=g)
+        self.num_data, self.batch_size = num_data, batch_size
+        self.args = (self.x, self.y)
+        self.dim = num_features + 2
+
+    def model(self, x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+        b = pyro.sample("b", dist.Normal(0.0, 1.0))
+        sigma = pyro.sample("sigma", dist.HalfCauchy(2.5))
+        with pyro.plate("data", len(y), subsample_size=self.batch_size) as idx:
+            pyro.sample("y", dist.Normal(x[idx] @ w + b, sigma), obs=y[idx])
+
+    # The hand-written log density on the kernel's flat layout: sites in sorted order (b, sigma, w),
+    # sigma as log(sigma) with its log-Jacobian.
+    def hand_log_density(self, z, idx):
+        b, log_sigma, w = z[0], z[1], z[2:]
+        sigma = log_sigma.exp()
+        prior = (
+            tdist.Normal(0.0, 1.0, validate_args=False).log_prob(w).sum()
+            + tdist.Normal(0.0, 1.0, validate_args=False).log_prob(b)
+            + tdist.HalfCauchy(2.5, validate_args=False).log_prob(sigma)
+            + log_sigma  # log |d sigma / d log_sigma|
+        )
+        mean = self.x[idx] @ w + b
+        lik = tdist.Normal(mean, sigma, validate_args=False).log_prob(self.y[idx]).sum()
+        return prior + (self.num_data / self.batch_size) * lik
+
+
+class MLP(PyroModule):
+    def __init__(self, num_in, num_hidden, num_out):
+        super().__init__()
+        self.fc1 = PyroModule[torch.nn.Linear](num_in, num_hidden)
+        self.fc1.weight = PyroSample(dist.Normal(0.0, 1.0).expand([num_hidden, num_in]).to_event(2))
+        self.fc1.bias = PyroSample(dist.Normal(0.0, 1.0).expand([num_hidden]).to_event(1))
+        self.fc2 = PyroModule[torch.nn.Linear](num_hidden, num_out)
+        self.fc2.weight = PyroSample(dist.Normal(0.0, 1.0).expand([num_out, num_hidden]).to_event(2))
+        self.fc2.bias = PyroSample(dist.Normal(0.0, 1.0).expand([num_out]).to_event(1))
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class MLPClassifier:
+    name = "mlp"
+    description = "MLP 64-128-10 (9,610 weights), N=10,000, B=100"
+
+    def __init__(self, num_data=10_000, num_in=64, num_hidden=128, num_out=10, batch_size=100):
+        g = torch.Generator().manual_seed(2)
+        self.x = torch.randn(num_data, num_in, generator=g)
+        teacher = torch.randn(num_in, num_out, generator=g)
+        self.y = (self.x @ teacher + torch.randn(num_data, num_out, generator=g)).argmax(-1)
+        self.num_data, self.batch_size = num_data, batch_size
+        self.shapes = {  # sorted site names, as the kernel lays them out
+            "fc1.bias": (num_hidden,),
+            "fc1.weight": (num_hidden, num_in),
+            "fc2.bias": (num_out,),
+            "fc2.weight": (num_out, num_hidden),
+        }
+        self.dim = sum(math.prod(s) for s in self.shapes.values())
+        self.net = MLP(num_in, num_hidden, num_out)
+        self.args = (self.x, self.y)
+
+    def model(self, x, y):
+        plate = pyro.plate("data", len(y), subsample_size=self.batch_size)
+        idx = plate.indices
+        logits = self.net(x[idx])  # weights sampled outside the plate
+        with plate:
+            pyro.sample("y", dist.Categorical(logits=logits), obs=y[idx])
+
+    def hand_log_density(self, z, idx):
+        views, offset = {}, 0
+        for name, shape in self.shapes.items():
+            n = math.prod(shape)
+            views[name] = z[offset : offset + n].view(shape)
+            offset += n
+        prior = tdist.Normal(0.0, 1.0, validate_args=False).log_prob(z).sum()
+        hidden = torch.tanh(torch.nn.functional.linear(self.x[idx], views["fc1.weight"], views["fc1.bias"]))
+        logits = torch.nn.functional.linear(hidden, views["fc2.weight"], views["fc2.bias"])
+        lik = tdist.Categorical(logits=logits, validate_args=False).log_prob(self.y[idx]).sum()
+        return prior + (self.num_data / self.batch_size) * lik
+
+
+# ====================================================================================== hand loop
+class HandLoop:
+    """SGLD / SGHMC written out in PyTorch; the same step order as the kernels (noise, move, re-evaluate)."""
+
+    def __init__(self, problem, method, position, momentum=None, grad=None):
+        self.problem, self.method = problem, method
+        self.n = problem.num_data
+        self.z = position.clone()
+        self.m = torch.zeros_like(self.z) if momentum is None else momentum.clone()
+        self.grad = self.potential_grad(self.z) if grad is None else grad.clone()
+        self.noise_scale = math.sqrt(2 * STEP_SIZE * TEMPERATURE * (FRICTION if method == "SGHMC" else 1.0) / self.n)
+
+    def potential_grad(self, z):
+        idx = torch.randperm(self.n)[: self.problem.batch_size]
+        z = z.detach().requires_grad_(True)
+        potential = -self.problem.hand_log_density(z, idx)
+        (grad,) = torch.autograd.grad(potential, z)
+        return grad
+
+    def step(self):
+        noise = torch.randn_like(self.z)
+        drift = self.grad * (-1.0 / self.n)
+        if self.method == "SGLD":
+            self.z = self.z + STEP_SIZE * drift + self.noise_scale * noise
+        else:  # SGHMC, mass 1
+            self.m = (1.0 - STEP_SIZE * FRICTION) * self.m + STEP_SIZE * drift + self.noise_scale * noise
+            self.z = self.z + STEP_SIZE * self.m
+        self.grad = self.potential_grad(self.z)
+
+
+def make_kernel(problem, method):
+    if method == "SGLD":
+        return pyro_sgmcmc.SGLD(problem.model, step_size=STEP_SIZE, temperature=TEMPERATURE)
+    return pyro_sgmcmc.SGHMC(problem.model, step_size=STEP_SIZE, friction=FRICTION, temperature=TEMPERATURE)
+
+
+def check_same_steps(problem, method, steps=50, seed=3):
+    """Max |difference| between the kernel's and the hand loop's positions after ``steps`` steps."""
+    kernel = make_kernel(problem, method)
+    pyro.set_rng_seed(seed)
+    kernel.setup(0, *problem.args)
+    state = kernel.state
+    hand = HandLoop(problem, method, state.position, state.momentum, state.grad)
+    params = kernel.initial_params
+    pyro.set_rng_seed(seed + 1)
+    for _ in range(steps):
+        params = kernel.sample(params)
+    pyro.set_rng_seed(seed + 1)
+    for _ in range(steps):
+        hand.step()
+    moved = float((kernel.state.position - state.position).abs().max())
+    return float((kernel.state.position - hand.z).abs().max()), moved
+
+
+# ====================================================================================== timers
+def time_hand(problem, method, steps):
+    pyro.set_rng_seed(0)
+    loop = HandLoop(problem, method, 0.1 * torch.randn(problem.dim))
+    for _ in range(10):
+        loop.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loop.step()
+    return (time.perf_counter() - start) / steps
+
+
+def time_direct(problem, method, steps, validation):
+    pyro.set_rng_seed(0)
+    with pyro.validation_enabled(validation):
+        kernel = make_kernel(problem, method)
+        kernel.setup(0, *problem.args)
+        params = kernel.initial_params
+        for _ in range(10):
+            params = kernel.sample(params)
+        start = time.perf_counter()
+        for _ in range(steps):
+            params = kernel.sample(params)
+        return (time.perf_counter() - start) / steps
+
+
+def time_mcmc(problem, method, steps):
+    pyro.set_rng_seed(0)
+    kernel = make_kernel(problem, method)
+    mcmc = MCMC(kernel, num_samples=steps // 2, warmup_steps=steps - steps // 2, disable_progbar=True)
+    start = time.perf_counter()
+    mcmc.run(*problem.args)
+    return (time.perf_counter() - start) / steps
+
+
+VARIANTS = ["hand", "direct (validation on)", "direct (validation off)", "MCMC"]
+
+
+def run_timings(problem, method, steps, repeats):
+    times = {v: [] for v in VARIANTS}
+    for _ in range(repeats):  # interleaved, so slow phases of the machine hit every variant
+        times["hand"].append(time_hand(problem, method, steps))
+        times["direct (validation on)"].append(time_direct(problem, method, steps, True))
+        times["direct (validation off)"].append(time_direct(problem, method, steps, False))
+        times["MCMC"].append(time_mcmc(problem, method, steps))
+    return {
+        v: {"min_us": 1e6 * min(t), "median_us": 1e6 * statistics.median(t), "all_us": [1e6 * x for x in t]}
+        for v, t in times.items()
+    }
+
+
+# ====================================================================================== profile
+CATEGORIES = [  # (label, predicate on (filename, function name)); first match wins
+    ("autograd backward", lambda f, n: "run_backward" in n or "/torch/autograd/" in f),
+    ("Pyro validation checks (warn_if_nan/inf)", lambda f, n: f.endswith("pyro/util.py") and n in ("warn_if_nan", "warn_if_inf")),
+    ("distribution construction & log_prob", lambda f, n: "/distributions/" in f),
+    ("Pyro tracing (poutine, primitives, plate)", lambda f, n: "/pyro/poutine/" in f or f.endswith("pyro/primitives.py") or "/pyro/nn/" in f),
+    ("pyro_sgmcmc (kernel, potential)", lambda f, n: "/pyro_sgmcmc/" in f),
+    ("torch.nn module call", lambda f, n: "/torch/nn/" in f),
+]
+
+
+def profile_kernel(problem, method, steps, validation=False):
+    """cProfile ``kernel.sample``; returns the self time by category (fractions) and the top functions."""
+    with pyro.validation_enabled(validation):
+        kernel = make_kernel(problem, method)
+        kernel.setup(0, *problem.args)
+        params = kernel.initial_params
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            params = kernel.sample(params)
+        profiler.disable()
+    stats = pstats.Stats(profiler)
+    by_category, total = {}, 0.0
+    rows = []
+    for (filename, _line, name), (_cc, _nc, tottime, cumtime, _callers) in stats.stats.items():
+        total += tottime
+        label = next((lab for lab, pred in CATEGORIES if pred(filename, name)), None)
+        if label is None:
+            label = "user model code" if filename.endswith("overhead.py") else "other (torch ops, builtins, MCMC glue)"
+        by_category[label] = by_category.get(label, 0.0) + tottime
+        rows.append((cumtime, f"{Path(filename).name}:{name}"))
+    rows.sort(reverse=True)
+    return {
+        "self_time_fraction": {k: v / total for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])},
+        "top_cumulative": [(name, 1e6 * cum / steps) for cum, name in rows[:25]],
+        "profiled_us_per_step": 1e6 * total / steps,
+    }
+
+
+# ====================================================================================== main
+def machine_info():
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "pyro_sgmcmc": pyro_sgmcmc.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if model:
+            info["cpu_model"] = model[0]
+    except OSError:
+        pass
+    return info
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("overhead_results.json"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply the steps per timing (0.1: quick run)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--profile-steps", type=int, default=300)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    problems = [(LinReg(), 2000), (MLPClassifier(), 500)]
+    results = {"machine": machine_info(), "load_average_start": os.getloadavg(), "models": {}}
+    print(f"torch {torch.__version__}, pyro {pyro.__version__}, {os.cpu_count()} CPUs, {args.threads} torch thread(s)")
+    print(f"load average at start: {os.getloadavg()}")
+
+    for problem, base_steps in problems:
+        steps = max(20, int(base_steps * args.steps_scale))
+        entry = {"description": problem.description, "dim": problem.dim, "steps_per_timing": steps, "kernels": {}}
+        for method in ("SGLD", "SGHMC"):
+            diff, moved = check_same_steps(problem, method)
+            timings = run_timings(problem, method, steps, args.repeats)
+            hand = timings["hand"]["min_us"]
+            for t in timings.values():
+                t["ratio_to_hand"] = t["min_us"] / hand
+            entry["kernels"][method] = {"timings": timings, "max_abs_diff_vs_hand": diff, "distance_moved": moved}
+            print(f"{problem.name} {method}: same steps as the hand loop: max |dz| = {diff:.1e} (moved {moved:.1e})")
+        entry["profile_SGHMC"] = profile_kernel(problem, "SGHMC", args.profile_steps)
+        results["models"][problem.name] = entry
+
+    results["load_average_end"] = os.getloadavg()
+    print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"\nresults written to {args.out}")
+    return results
+
+
+def print_table(results):
+    header = f"{'model':<8}{'kernel':<7}{'variant':<26}{'us/step (min)':>14}{'median':>9}{'x hand':>8}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for name, entry in results["models"].items():
+        for method, k in entry["kernels"].items():
+            for variant, t in k["timings"].items():
+                print(f"{name:<8}{method:<7}{variant:<26}{t['min_us']:>14.0f}{t['median_us']:>9.0f}{t['ratio_to_hand']:>8.1f}")
+    for name, entry in results["models"].items():
+        prof = entry["profile_SGHMC"]
+        print(f"\n{name}: cProfile of SGHMC kernel.sample (validation off), self time by category "
+              f"({prof['profiled_us_per_step']:.0f} us/step under the profiler)")
+        for label, frac in prof["self_time_fraction"].items():
+            print(f"  {frac:6.1%}  {label}")
+        print("  top cumulative (us/step):")
+        for fn, us in prof["top_cumulative"][:15]:
+            print(f"  {us:8.0f}  {fn}")
+
+
+if __name__ == "__main__":
+    main()
