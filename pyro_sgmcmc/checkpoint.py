@@ -35,7 +35,12 @@ def save_checkpoint(payload: dict, path: Union[str, os.PathLike]) -> None:
 
 def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
     """Read a checkpoint and check that it belongs to a run with the same ``fingerprint``."""
-    payload = torch.load(Path(path), weights_only=False, map_location="cpu")
+    try:
+        payload = torch.load(Path(path), weights_only=False, map_location="cpu")
+    except Exception as error:  # truncated, not a torch file, ...
+        raise CheckpointMismatch(f"{path} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: {error})") from error
+    if not isinstance(payload, dict):
+        raise CheckpointMismatch(f"{path} is not a pyro_sgmcmc checkpoint (it holds a {type(payload).__name__})")
     if payload.get("format_version") != FORMAT_VERSION:
         raise CheckpointMismatch(f"checkpoint {path} has format {payload.get('format_version')!r}, expected {FORMAT_VERSION}")
     if payload.get("fingerprint") != fingerprint:

@@ -21,6 +21,8 @@ for ``N = 1`` draw per chain (the last state of each of many chains).
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -115,13 +117,18 @@ def nested_rhat_threshold(chains_per_superchain: int, num_draws: int = 1, tau: f
         raise ValueError(f"chains_per_superchain must be a positive integer; got {chains_per_superchain!r}")
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer; got {num_draws!r}")
-    return max(1.01, math.sqrt(1.0 + 1.0 / (chains_per_superchain * num_draws) + tau))
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Real) or not (math.isfinite(tau) and tau >= 0):
+        raise ValueError(f"tau must be a finite float >= 0; got {tau!r}")
+    count = chains_per_superchain * num_draws
+    return max(1.01, math.sqrt(1.0 + (1.0 / count if count < 1e300 else 0.0) + tau))
 
 
-def _nested_rhat_array(draws, superchain_ids) -> np.ndarray:
-    draws = draws.detach().cpu().numpy() if isinstance(draws, torch.Tensor) else np.asarray(draws)
-    if draws.ndim < 2:
-        raise ValueError(f"draws must have axes (chain, draw, ...); got shape {draws.shape}")
+def _nested_rhat_array(data, superchain_ids) -> np.ndarray:
+    draws = data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
+    if draws.dtype.kind not in "biuf":
+        raise TypeError(f"data must hold real numbers; got an array of dtype {draws.dtype}")
+    if draws.ndim < 2 or draws.shape[0] == 0 or draws.shape[1] == 0:
+        raise ValueError(f"data must have axes (chain, draw, ...) with at least one chain and one draw; got shape {draws.shape}")
     num_chains, num_draws = draws.shape[:2]
     ids = np.arange(num_chains) if superchain_ids is None else _as_ids(superchain_ids)
     if ids.shape != (num_chains,):
@@ -129,18 +136,30 @@ def _nested_rhat_array(draws, superchain_ids) -> np.ndarray:
     labels, ids = np.unique(ids, return_inverse=True)
     counts = np.bincount(ids)
     if counts.min() != counts.max():
-        raise ValueError(f"every superchain must hold the same number of chains; got sizes {counts.tolist()}")
+        raise ValueError(f"superchain_ids: every superchain must hold the same number of chains; got sizes {counts.tolist()}")
     num_superchains, per_superchain = len(labels), int(counts[0])
     if num_superchains < 2:
-        raise ValueError("nested R-hat needs at least 2 superchains")
+        raise ValueError("superchain_ids: nested R-hat needs at least 2 superchains")
+    if per_superchain == 1 and num_draws == 1:
+        raise ValueError(
+            "superchain_ids: with one draw per chain, each superchain needs several chains (W is 0 otherwise); "
+            "run with num_superchains < num_chains"
+        )
     order = np.argsort(ids, kind="stable")
     grouped = draws[order].reshape(num_superchains, per_superchain, num_draws, *draws.shape[2:]).astype(np.float64)
+    # centre and scale each parameter: the ratio B / W is invariant, and tiny or huge values do not underflow
+    grouped = grouped - grouped.mean(axis=(0, 1, 2))
+    scale = np.abs(grouped).max(axis=(0, 1, 2))
+    grouped = grouped / np.where(scale > 0, scale, 1.0)
     chain_means = grouped.mean(axis=2)  # (K, M, ...)
     superchain_means = chain_means.mean(axis=1)  # (K, ...)
     between_superchains = superchain_means.var(axis=0, ddof=1)
     between_chains = chain_means.var(axis=1, ddof=1) if per_superchain > 1 else np.zeros_like(superchain_means)
     within_chains = grouped.var(axis=2, ddof=1).mean(axis=1) if num_draws > 1 else np.zeros_like(superchain_means)
     within = (between_chains + within_chains).mean(axis=0)
+    constant = (within == 0) & (between_superchains == 0)
+    if np.any(constant):
+        warnings.warn("nested_rhat: some parameters are constant over all draws; their value is NaN", RuntimeWarning)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.sqrt(1.0 + between_superchains / within)
 
@@ -148,4 +167,12 @@ def _nested_rhat_array(draws, superchain_ids) -> np.ndarray:
 def _as_ids(superchain_ids) -> np.ndarray:
     if isinstance(superchain_ids, torch.Tensor):
         superchain_ids = superchain_ids.cpu().numpy()
-    return np.asarray(superchain_ids).astype(np.int64).reshape(-1)
+    try:
+        ids = np.asarray(superchain_ids).reshape(-1)
+    except Exception as error:
+        raise TypeError(f"superchain_ids must be a sequence of integer labels; got {superchain_ids!r}") from error
+    if ids.dtype.kind not in "biu":
+        if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+            return ids.astype(np.int64)
+        raise TypeError(f"superchain_ids must be integer labels, one per chain; got {superchain_ids!r}")
+    return ids

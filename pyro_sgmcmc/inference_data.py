@@ -12,12 +12,13 @@ assembled along the plates' axes. Posterior draws are processed ``chunk_size`` a
 from __future__ import annotations
 
 import itertools
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
 
 import pyro
+import pyro.infer
 import pyro.poutine as poutine
 
 __all__ = ["to_inference_data"]
@@ -78,6 +79,15 @@ def to_inference_data(
 
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer; got {chunk_size!r}")
+    if not isinstance(mcmc, pyro.infer.MCMC):
+        raise TypeError(f"mcmc must be a pyro_sgmcmc.MCMC or pyro.infer.MCMC run; got {type(mcmc).__name__}")
+    for name, value in (("coords", coords), ("dims", dims)):
+        if value is not None and not isinstance(value, Mapping):
+            raise TypeError(f"{name} must be a dict (as for arviz.from_dict); got {type(value).__name__}")
+    from .kernels.base import SGMCMCKernel
+
+    if not isinstance(mcmc.kernel, SGMCMCKernel):
+        raise TypeError(f"to_inference_data needs a run of SGLD, SGHMC or SGNHT; got a {type(mcmc.kernel).__name__} run")
     kernel = mcmc.kernel
     potential = getattr(kernel, "potential", None)
     if potential is None or mcmc._samples is None:

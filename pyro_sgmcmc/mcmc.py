@@ -10,6 +10,7 @@ own minibatches. Everything else (``get_samples``, ``summary``, ``diagnostics``,
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections import deque
 from pathlib import Path
@@ -119,8 +120,19 @@ disable_validation, transforms, save_params :
         checkpoint_every: Optional[int] = None,
         resume: bool = True,
     ) -> None:
-        if chain_method not in _CHAIN_METHODS:
+        if not isinstance(chain_method, str) or chain_method not in _CHAIN_METHODS:
             raise ValueError(f"chain_method must be one of {_CHAIN_METHODS}; got {chain_method!r}")
+        if warmup_steps is not None:
+            _check_non_negative_int(warmup_steps, "warmup_steps")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+            raise ValueError(f"seed must be None or a non-negative integer; got {seed!r}")
+        if checkpoint_path is not None:
+            if not isinstance(checkpoint_path, (str, os.PathLike)) or not str(checkpoint_path):
+                raise TypeError(f"checkpoint_path must be a file path (str or os.PathLike); got {checkpoint_path!r}")
+            if Path(checkpoint_path).is_dir():
+                raise ValueError(f"checkpoint_path {str(checkpoint_path)!r} is a directory; give a file path")
+            if not Path(checkpoint_path).parent.is_dir():
+                raise ValueError(f"checkpoint_path: the directory {str(Path(checkpoint_path).parent)!r} does not exist")
         _check_positive_int(num_samples, "num_samples")
         _check_positive_int(num_chains, "num_chains")
         _check_positive_int(thinning, "thinning")
@@ -134,7 +146,7 @@ disable_validation, transforms, save_params :
         self.num_superchains = num_chains if num_superchains is None else num_superchains
         self.thinning = thinning
         self.keep_last = keep_last
-        self.seed = seed
+        self.seed = None if seed is None else int(seed)
         self.sample_stats: Dict[str, torch.Tensor] = {}
         self.superchain_ids = torch.arange(num_chains) // (num_chains // self.num_superchains)
         if checkpoint_every is not None:
@@ -227,8 +239,9 @@ disable_validation, transforms, save_params :
         if fingerprint is not None and self.resume and self.checkpoint_path.exists():
             saved = load_checkpoint(self.checkpoint_path, fingerprint)
             kernel.load_state_dict(saved["kernel"])
-            positions.extend(p.to(kernel.state.position.device) for p in saved["positions"])
-            stats.extend(saved["stats"])
+            device = kernel.state.position.device
+            positions.extend(p.to(device) for p in saved["positions"])
+            stats.extend({k: v.to(device) for k, v in s.items()} for s in saved["stats"])
             start = saved["steps_done"]
         progress = _progress(total, self.disable_progbar)
         refresh = max(1, total // 200)  # cheap progress bar: about 200 updates per run

@@ -25,6 +25,7 @@ views into it in the sorted order of their names (Pyro's own convention for ``MC
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -125,20 +126,30 @@ class ModelPotential:
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
 
+        hint = _data_dtype_and_device(self.model_args, self.model_kwargs)
+        self._init_fn = _discrete_from_prior(init_strategy, *hint)
         with poutine.block():
-            checked = _SubsampleCheck()(InitMessenger(_discrete_from_prior(init_strategy))(model))
+            checked = _SubsampleCheck()(InitMessenger(self._init_fn)(model))
             prototype = poutine.trace(checked).get_trace(*self.model_args, **self.model_kwargs)
         self.subsample_plates = _find_subsample_plates(prototype)
         self.sites, self._prototype_values = _find_latent_sites(prototype, self.subsample_plates)
+        _check_observed_shapes(prototype)
         self.dim = sum(site.numel for site in self.sites)
-        first = next(iter(self._prototype_values.values()))
-        self.dtype, self.device = first.dtype, first.device
+        # the position's dtype: promoted over the latent values and the observed data
+        values = list(self._prototype_values.values()) + [
+            site["value"] for site in prototype.nodes.values()
+            if site["type"] == "sample" and site["is_observed"] and torch.is_tensor(site["value"])
+            and site["value"].is_floating_point()
+        ]  # fmt: skip
+        self.dtype = _promote([v.dtype for v in values if v.is_floating_point()] or [torch.get_default_dtype()])
+        self.device = hint[1] if hint[1] is not None else next(iter(self._prototype_values.values())).device
         self.num_data = _default_num_data(prototype, self.subsample_plates) if num_data is None else _check_num_data(num_data)
 
         # Built once: the model with latent values substituted from a dict refilled in place.
         self._values: Dict[str, torch.Tensor] = {}
         self._conditioned_model = poutine.condition(model, data=self._values)
         self._batched_fn = None
+        self._vectorizable = True
 
     # ------------------------------------------------------------------ layout
     @property
@@ -164,9 +175,16 @@ class ModelPotential:
                 f"initial_params must give exactly the latent sites {self.site_names}; "
                 f"missing {missing}, unknown {unknown}"
             )
+        if not isinstance(params, Mapping):
+            raise TypeError(f"initial_params must be a dict {{site name: unconstrained tensor}}; got {type(params).__name__}")
         parts = []
         for site in self.sites:
-            value = torch.as_tensor(params[site.name], dtype=self.dtype, device=self.device)
+            try:
+                value = torch.as_tensor(params[site.name], dtype=self.dtype, device=self.device)
+            except (TypeError, ValueError, RuntimeError) as error:
+                raise TypeError(
+                    f"initial_params[{site.name!r}] must be a tensor or array of numbers; got {params[site.name]!r}"
+                ) from error
             expected = tuple(batch_shape) + tuple(site.unconstrained_shape)
             if tuple(value.shape) != expected:
                 raise ValueError(
@@ -214,7 +232,7 @@ class ModelPotential:
             (grad,) = torch.autograd.grad(potential, z, allow_unused=True)
         if grad is None:
             grad = torch.zeros_like(position)
-        return potential.detach(), grad
+        return potential.detach().to(position.dtype), grad
 
     def batched_potential_and_grad(
         self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]
@@ -234,9 +252,20 @@ class ModelPotential:
             self._batched_fn = torch.func.vmap(
                 torch.func.grad_and_value(self._potential), in_dims=(0, 0), randomness="different"
             )
-        with pyro.validation_enabled(False), torch.enable_grad():
-            grad, potential = self._batched_fn(positions.detach(), dict(indices))
-        return potential.detach(), grad.detach()
+        if self._vectorizable:
+            try:
+                with pyro.validation_enabled(False), torch.enable_grad():
+                    grad, potential = self._batched_fn(positions.detach(), dict(indices))
+                return potential.detach().to(positions.dtype), grad.detach()
+            except RuntimeError as error:  # e.g. .item() or data-dependent control flow in the model
+                self._vectorizable = False
+                warnings.warn(
+                    f"the model cannot run under torch.func.vmap ({str(error).splitlines()[0]}); "
+                    "chains are evaluated one by one, which is slower (chain_method='vectorized')",
+                    RuntimeWarning,
+                )
+        results = [self.potential_and_grad(z, {k: v[c] for k, v in indices.items()}) for c, z in enumerate(positions)]
+        return torch.stack([r[0] for r in results]), torch.stack([r[1] for r in results])
 
     def _potential(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return -self.log_density(position, indices)
@@ -255,14 +284,14 @@ class ModelPotential:
             if not (torch.isfinite(potential) and torch.isfinite(grad).all()):
                 raise ValueError("initial_params give a non-finite potential energy or gradient")
             return position
-        model = InitMessenger(_discrete_from_prior(self.init_strategy))(self.model)
+        model = InitMessenger(self._init_fn)(self.model)
         values = self._prototype_values
         for _ in range(max_tries):
             if values is None:
                 with poutine.block():
                     trace = poutine.trace(model).get_trace(*self.model_args, **self.model_kwargs)
                 values = {s.name: trace.nodes[s.name]["value"].detach() for s in self.sites}
-            position = torch.cat([s.transform.inv(values[s.name]).reshape(-1) for s in self.sites])
+            position = torch.cat([s.transform.inv(values[s.name]).reshape(-1) for s in self.sites]).to(self.dtype)
             potential, grad = self.potential_and_grad(position)
             if torch.isfinite(potential) and torch.isfinite(grad).all():
                 self._prototype_values = None  # the next call draws a new point
@@ -287,10 +316,10 @@ class _SubsampleCheck(Messenger):
             )
 
 
-def _discrete_from_prior(init_strategy: Callable) -> Callable:
+def _discrete_from_prior(init_strategy: Callable, dtype=None, device=None) -> Callable:
     """Make an init strategy total: discrete sites are drawn from the prior (so the site check can
     name them), and sites whose distribution cannot be sampled (``ImproperUniform``, which Pyro's
-    strategies call ``.sample()`` on) start at zero in unconstrained space."""
+    strategies call ``.sample()`` on) start at zero in unconstrained space, in the data's dtype."""
 
     def init(site):
         fn = site["fn"]
@@ -301,9 +330,44 @@ def _discrete_from_prior(init_strategy: Callable) -> Callable:
         except NotImplementedError:
             transform = biject_to(fn.support)
             shape = transform.inverse_shape(fn.batch_shape + fn.event_shape)
-            return transform(torch.zeros(shape)).detach()
+            return transform(torch.zeros(shape, dtype=dtype, device=device)).detach()
 
     return init
+
+
+def _data_dtype_and_device(args, kwargs):
+    """The dtype and device of the first floating-point tensor among the model's arguments."""
+    for value in list(args) + list(kwargs.values()):
+        if torch.is_tensor(value) and value.is_floating_point():
+            return value.dtype, value.device
+    return None, None
+
+
+def _promote(dtypes):
+    result = dtypes[0]
+    for dtype in dtypes[1:]:
+        result = torch.promote_types(result, dtype)
+    return result
+
+
+def _check_observed_shapes(trace) -> None:
+    """An observed value must broadcast with its distribution's shape (e.g. data indexed by the plate)."""
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"] or isinstance(site["fn"], _Subsample):
+            continue
+        value = site["value"]
+        if not torch.is_tensor(value):
+            continue
+        expected = site["fn"].batch_shape + site["fn"].event_shape
+        try:
+            torch.broadcast_shapes(value.shape, expected)
+        except RuntimeError:
+            plates = [f.name for f in site["cond_indep_stack"]]
+            raise ModelError(
+                f"observed site {name!r} has a value of shape {tuple(value.shape)} that does not broadcast with its "
+                f"distribution's shape {tuple(expected)} (plates {plates}); in a subsampled plate, index the data "
+                "with the plate's indices (obs=y[idx])"
+            ) from None
 
 
 def _find_subsample_plates(trace) -> List[SubsamplePlate]:

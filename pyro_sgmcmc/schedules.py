@@ -22,7 +22,7 @@ class Schedule:
         raise NotImplementedError
 
     def validate(self, argument: str = "step_size") -> None:
-        """Check that the first step size is positive and finite."""
+        """Check that the first step size is positive and finite (callable schedules check every step)."""
         value = self(0)
         if not _is_positive_finite(value):
             raise ValueError(f"{argument} schedule gives step size {value!r} at t = 0; it must be positive and finite")
@@ -72,9 +72,9 @@ class RobbinsMonro(Schedule):
     def __init__(self, a: float, b: float = 1.0, gamma: float = 0.55) -> None:
         if not _is_positive_finite(a):
             raise ValueError(f"RobbinsMonro: a must be positive and finite; got {a!r}")
-        if not (isinstance(b, numbers.Real) and math.isfinite(b) and b > 0):
+        if not _is_positive_finite(b):
             raise ValueError(f"RobbinsMonro: b must be positive and finite; got {b!r}")
-        if not (isinstance(gamma, numbers.Real) and 0.5 < gamma <= 1.0):
+        if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or not 0.5 < gamma <= 1.0:
             raise ValueError(f"RobbinsMonro: gamma must be in (0.5, 1]; got {gamma!r}")
         self.a, self.b, self.gamma = float(a), float(b), float(gamma)
 
@@ -90,7 +90,14 @@ class _CallableSchedule(Schedule):
         self.fn = fn
 
     def __call__(self, t: int) -> float:
-        return float(self.fn(t))
+        value = self.fn(t)
+        try:
+            real = float(value)
+        except (TypeError, ValueError, OverflowError):
+            real = math.nan
+        if isinstance(value, bool) or not (math.isfinite(real) and real > 0):
+            raise ValueError(f"step_size schedule gives step size {value!r} at t = {t}; it must be positive and finite")
+        return real
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
@@ -102,7 +109,7 @@ _NAMED = {"constant": Constant, "robbins_monro": RobbinsMonro}
 
 def make_schedule(name: str, **kwargs) -> Schedule:
     """Build a schedule by name: ``"constant"`` (``value=``) or ``"robbins_monro"`` (``a=, b=, gamma=``)."""
-    if name not in _NAMED:
+    if not isinstance(name, str) or name not in _NAMED:
         raise ValueError(f"unknown step-size schedule {name!r}; accepted: {sorted(_NAMED)}")
     return _NAMED[name](**kwargs)
 
@@ -132,4 +139,10 @@ def as_schedule(step_size: Union[float, Schedule, Callable[[int], float]], argum
 
 
 def _is_positive_finite(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        real = float(value)
+    except OverflowError:  # an int beyond the float range
+        return False
+    return math.isfinite(real) and real > 0

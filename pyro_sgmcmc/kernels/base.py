@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections import OrderedDict
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Union
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -107,9 +107,7 @@ class SGMCMCKernel(MCMCKernel):
         if not callable(init_strategy):
             raise ValueError(f"init_strategy must be a Pyro init strategy (e.g. init_to_uniform); got {init_strategy!r}")
         self.init_strategy = init_strategy
-        if on_divergence not in _ON_DIVERGENCE:
-            raise ValueError(f"on_divergence must be one of {_ON_DIVERGENCE}; got {on_divergence!r}")
-        self.on_divergence = on_divergence
+        self.on_divergence = _choice(on_divergence, "on_divergence", _ON_DIVERGENCE)
 
         self.transforms = None
         self.potential: Optional[ModelPotential] = None
@@ -248,11 +246,11 @@ class SGMCMCKernel(MCMCKernel):
         momentum, thermostat = self._init_auxiliary(positions)
         self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
         self._divergences = [[] for _ in range(num_chains)]
-        self._num_warmup_divergences = torch.zeros(num_chains, dtype=torch.long)
-        self._num_divergences = torch.zeros(num_chains, dtype=torch.long)
+        self._num_warmup_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
+        self._num_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
         self._frozen: Optional[torch.Tensor] = None  # chains stopped by on_divergence="freeze"
         self.divergence_log: List[tuple] = []
-        self._last_diverging = torch.zeros(num_chains, dtype=torch.bool)
+        self._last_diverging = torch.zeros(num_chains, dtype=torch.bool, device=positions.device)
         self._last_step_size = self.step_size(0)
 
     def step(self) -> SGMCMCState:
@@ -266,11 +264,11 @@ class SGMCMCKernel(MCMCKernel):
         finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
         if bool(finite.all()) and self._frozen is None:
             state = SGMCMCState(position, momentum, thermostat, energy, grad, state.step + 1)
-        else:
+            self._last_diverging = ~finite
+        else:  # sets _last_diverging: the chains that diverged at this step (a frozen chain only once)
             state = self._reject_divergent(state, finite, position, momentum, thermostat, energy, grad)
         self.state = state
         self._last_step_size = step_size
-        self._last_diverging = ~finite
         return state
 
     def state_dict(self) -> dict:
@@ -307,12 +305,12 @@ class SGMCMCKernel(MCMCKernel):
         self.minibatches = MinibatchSampler(self.potential.subsample_plates, self.generators)
         self.minibatches.load_state_dict(saved["minibatches"])
         self._divergences = [list(d) for d in saved["divergences"]]
-        self._num_warmup_divergences = saved["num_warmup_divergences"].clone()
-        self._num_divergences = saved["num_divergences"].clone()
-        self._frozen = None if saved["frozen"] is None else saved["frozen"].clone()
+        self._num_warmup_divergences = saved["num_warmup_divergences"].to(device)
+        self._num_divergences = saved["num_divergences"].to(device)
+        self._frozen = None if saved["frozen"] is None else saved["frozen"].to(device)
         self.divergence_log = list(saved["divergence_log"])
         self._last_step_size = saved["last_step_size"]
-        self._last_diverging = saved["last_diverging"].clone()
+        self._last_diverging = saved["last_diverging"].to(device)
 
     @property
     def num_divergences(self) -> int:
@@ -333,12 +331,14 @@ class SGMCMCKernel(MCMCKernel):
         rest (``temperature``; ``kinetic_energy`` and ``thermostat`` where the kernel has them).
         ``lp`` is the minibatch estimate of the log density in unconstrained space.
         """
-        num_chains = self.state.position.shape[0]
+        position = self.state.position
+        num_chains = position.shape[0]
+        options = {"dtype": torch.float64, "device": position.device}  # float64: a huge T or step still fits
         stats = {
             "lp": -self.state.potential,
-            "step_size": torch.full((num_chains,), self._last_step_size),
+            "step_size": torch.full((num_chains,), self._last_step_size, **options),
             "diverging": self._last_diverging.clone(),
-            "temperature": torch.full((num_chains,), self.temperature),
+            "temperature": torch.full((num_chains,), self.temperature, **options),
             "num_divergences": self._num_divergences.clone(),
         }
         stats.update(self._auxiliary_stats(self.state))
@@ -378,6 +378,10 @@ class SGMCMCKernel(MCMCKernel):
         potential = self.potential
         repeats = num_chains // num_superchains
         if initial_params is not None:
+            if not isinstance(initial_params, Mapping):
+                raise TypeError(
+                    f"initial_params must be a dict {{site name: unconstrained tensor}}; got {type(initial_params).__name__}"
+                )
             leading = {int(torch.as_tensor(v).shape[0]) if torch.as_tensor(v).dim() else 0 for v in initial_params.values()}
             if leading == {num_chains}:
                 positions = potential.pack(initial_params, (num_chains,))
@@ -399,6 +403,7 @@ class SGMCMCKernel(MCMCKernel):
         diverging = ~finite
         if self._frozen is not None:
             diverging = diverging & ~self._frozen  # a frozen chain does not diverge again
+        self._last_diverging = diverging
         chains = diverging.nonzero().flatten().tolist()
         phase = "warmup" if state.step < self._warmup_steps else "sampling"
         for chain in chains:
@@ -452,19 +457,31 @@ class SGMCMCKernel(MCMCKernel):
         return ", ".join(parts) or "values"
 
 
+def _as_real(value, name: str) -> float:
+    """``float(value)`` for a real number (bools, strings, arrays refused); huge ints become inf."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {type(value).__name__} {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def _non_negative(value, name: str, meaning: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+    real = _as_real(value, name)
+    if not math.isfinite(real) or real < 0:
         raise ValueError(f"{name} must be a finite float >= 0 ({meaning}); got {value!r}")
-    return float(value)
+    return real
 
 
 def _positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+    real = _as_real(value, name)
+    if not math.isfinite(real) or real <= 0:
         raise ValueError(f"{name} must be a finite float > 0; got {value!r}")
-    return float(value)
+    return real
 
 
 def _choice(value, name: str, accepted) -> str:
-    if value not in accepted:
+    if not isinstance(value, str) or value not in accepted:
         raise ValueError(f"{name} must be one of {accepted}; got {value!r}")
     return value

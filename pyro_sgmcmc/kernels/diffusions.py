@@ -24,7 +24,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["langevin_step", "underdamped_step", "nose_hoover_step"]
+__all__ = ["langevin_step", "underdamped_step", "nose_hoover_step", "kinetic_energy"]
 
 
 def langevin_step(
@@ -108,3 +108,9 @@ def nose_hoover_step(
     kinetic_temperature = (new_momentum * new_momentum).sum(-1) / (mass * dim)
     new_thermostat = thermostat + step_size * (kinetic_temperature - noise_temperature)
     return new_position, new_momentum, new_thermostat
+
+
+def kinetic_energy(momentum: torch.Tensor, mass: float) -> torch.Tensor:
+    """:math:`m \\cdot m / (2 \\sigma^2)` per chain, in float64 (finite wherever the momentum is)."""
+    scaled = momentum.double() / math.sqrt(mass)
+    return (scaled * scaled).sum(-1) / 2

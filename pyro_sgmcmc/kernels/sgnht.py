@@ -10,6 +10,7 @@ from pyro.infer.autoguide.initialization import init_to_uniform
 
 from ..schedules import Schedule
 from .base import SGMCMCKernel, SGMCMCState, _choice, _non_negative, _positive, _INITIAL_MOMENTA
+from .diffusions import kinetic_energy as _kinetic_energy
 from .diffusions import nose_hoover_step
 
 __all__ = ["SGNHT"]
@@ -99,6 +100,6 @@ class SGNHT(SGMCMCKernel):
 
     def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:
         return {
-            "kinetic_energy": (state.momentum * state.momentum).sum(-1) / (2 * self.mass),
+            "kinetic_energy": _kinetic_energy(state.momentum, self.mass),
             "thermostat": state.thermostat.clone(),
         }
