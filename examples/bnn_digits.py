@@ -59,16 +59,15 @@ import math
 import time
 from pathlib import Path
 
-import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-
 import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
+import torch
 from pyro.infer import MCMC
 from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.nn import PyroModule, PyroSample
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 import pyro_sgmcmc
 
@@ -201,11 +200,20 @@ def parse_args(argv=None):
     parser.add_argument("--hidden", type=int, default=32, help="hidden units (default 32)")
     parser.add_argument("--prior-scale", type=float, default=1.0, help="prior sd of every weight (default 1)")
     parser.add_argument("--batch-size", type=int, default=100, help="minibatch size B (default 100)")
-    parser.add_argument("--step-size", type=float, default=0.1, help="SGHMC step size (default 0.1)")
+    parser.add_argument("--step-size", type=float, default=0.2, help="SGHMC step size (default 0.2)")
     parser.add_argument("--friction", type=float, default=1.0, help="SGHMC friction (default 1.0)")
+    parser.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=[1.0, 0.1],
+        help="temperatures of the posterior runs (default: 1, the posterior, and 0.1, a cold posterior)",
+    )
     parser.add_argument("--map-steps", type=int, default=10_000, help="steps of the T=0 (MAP) run (default 10000)")
-    parser.add_argument("--warmup-steps", type=int, default=5_000, help="burn-in steps of the posterior run (default 5000)")
-    parser.add_argument("--num-samples", type=int, default=30_000, help="posterior steps after burn-in (default 30000)")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=5_000, help="burn-in steps of the posterior run (default 5000)"
+    )
+    parser.add_argument("--num-samples", type=int, default=25_000, help="posterior steps after burn-in (default 25000)")
     parser.add_argument("--thin", type=int, default=100, help="keep every THIN-th posterior draw (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="a few-second smoke run")
@@ -258,9 +266,9 @@ def run(args, model, x_train, y_train, temperature: float, warmup_steps: int, nu
         save_params=[],  # MCMC itself stores nothing; the hook keeps the thinned draws
         disable_progbar=not args.progress,
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     mcmc.run(x_train, y_train)
-    seconds = time.perf_counter() - start
+    seconds = {"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu_start}
     # kernel.diagnostics() rather than mcmc.diagnostics(): the latter also computes ESS and R-hat
     # of every saved site.
     diagnostics = kernel.diagnostics()
@@ -298,43 +306,70 @@ def main(argv=None):
     map_steps = args.map_steps
     map_draws, map_seconds, map_divergences = run(args, model, x_train, y_train, 0.0, map_steps - 1, 1, 1, args.seed)
     map_scores = scores(predictive_probs(net, map_draws, x_test)[0], y_test)
-    print(f"\nMAP (SGHMC, T=0 = SGD with momentum): {map_steps} steps in {map_seconds:.1f} s")
-
-    # ---------------------------------------------------------------- posterior: temperature 1
-    draws, seconds, divergences = run(
-        args, model, x_train, y_train, 1.0, args.warmup_steps, args.num_samples, args.thin, args.seed + 1
+    print(
+        f"\nMAP (SGHMC, T=0 = SGD with momentum): {map_steps} steps in {map_seconds['wall']:.1f} s wall, "
+        f"{map_seconds['cpu']:.1f} s CPU"
     )
-    steps = args.warmup_steps + args.num_samples
-    print(f"posterior (SGHMC, T=1): {steps} steps in {seconds:.1f} s ({1e6 * seconds / steps:.0f} us/step)")
-    num_draws = next(iter(draws.values())).shape[0]
-    probs = predictive_probs(net, draws, x_test)
-    bayes_scores = scores(probs.mean(0), y_test)  # posterior predictive: average the softmax
-    single = [scores(p, y_test) for p in probs]
-    single_scores = {key: sum(s[key] for s in single) / len(single) for key in ("accuracy", "nll")}
 
-    print(f"\ntest set ({len(y_test)} images)             accuracy     NLL")
-    print(f"  MAP / SGD (T=0)                       {map_scores['accuracy']:.4f}   {map_scores['nll']:.4f}")
-    print(f"  posterior predictive ({num_draws:>3} draws)     {bayes_scores['accuracy']:.4f}   {bayes_scores['nll']:.4f}")
-    print(f"  single posterior draw (average)       {single_scores['accuracy']:.4f}   {single_scores['nll']:.4f}")
-    print(f"divergences: MAP {map_divergences}, posterior {divergences}")
+    # ---------------------------------------------------------------- posteriors: T = 1, then colder
+    posteriors = {}
+    for k, temperature in enumerate(args.temperatures):
+        draws, seconds, divergences = run(
+            args,
+            model,
+            x_train,
+            y_train,
+            temperature,
+            args.warmup_steps,
+            args.num_samples,
+            args.thin,
+            args.seed + 1 + k,
+        )
+        steps = args.warmup_steps + args.num_samples
+        print(
+            f"posterior (SGHMC, T={temperature:g}): {steps} steps in {seconds['wall']:.1f} s wall, "
+            f"{seconds['cpu']:.1f} s CPU ({1e6 * seconds['cpu'] / steps:.0f} CPU us/step)"
+        )
+        probs = predictive_probs(net, draws, x_test)
+        single = [scores(p, y_test) for p in probs]
+        posteriors[f"T={temperature:g}"] = {
+            "temperature": temperature,
+            **scores(probs.mean(0), y_test),  # the posterior predictive: average the softmax over draws
+            "single_draw_mean_accuracy": sum(s["accuracy"] for s in single) / len(single),
+            "single_draw_mean_nll": sum(s["nll"] for s in single) / len(single),
+            "num_draws_used": len(probs),
+            "steps": steps,
+            "seconds": seconds["wall"],
+            "cpu_seconds": seconds["cpu"],
+            "divergences": divergences,
+        }
+
+    print(f"\ntest set ({len(y_test)} images)                       accuracy     NLL")
+    print(f"  MAP / SGD (T=0)                                 {map_scores['accuracy']:.4f}   {map_scores['nll']:.4f}")
+    for label, p in posteriors.items():
+        what = f"posterior predictive, {label} ({p['num_draws_used']} draws)"
+        print(f"  {what:<46}  {p['accuracy']:.4f}   {p['nll']:.4f}")
+        what = f"  single draw, {label} (average)"
+        print(f"  {what:<46}  {p['single_draw_mean_accuracy']:.4f}   {p['single_draw_mean_nll']:.4f}")
+    print(f"divergences: MAP {map_divergences}, " + ", ".join(f"{k} {p['divergences']}" for k, p in posteriors.items()))
 
     results = {
         "config": {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()},
         "data": {"name": "digits", "num_train": len(y_train), "num_test": len(y_test), "num_weights": num_weights},
         "plate_check": check,
-        "map": {**map_scores, "seconds": map_seconds, "steps": map_steps, "divergences": map_divergences},
-        "posterior": {
-            **bayes_scores,
-            "seconds": seconds,
-            "steps": steps,
-            "num_draws_used": num_draws,
-            "divergences": divergences,
-            "single_draw_mean_accuracy": single_scores["accuracy"],
-            "single_draw_mean_nll": single_scores["nll"],
+        "map": {
+            **map_scores,
+            "steps": map_steps,
+            "seconds": map_seconds["wall"],
+            "cpu_seconds": map_seconds["cpu"],
+            "divergences": map_divergences,
         },
+        "posterior": posteriors[next(iter(posteriors))],  # the first temperature (default T = 1)
+        "posteriors": posteriors,
         "versions": {"torch": torch.__version__, "pyro": pyro.__version__, "pyro_sgmcmc": pyro_sgmcmc.__version__},
     }
-    if not all(math.isfinite(results[k][m]) for k in ("map", "posterior") for m in ("accuracy", "nll")):
+    scores_all = [results["map"]] + list(posteriors.values())
+    if not all(math.isfinite(r[m]) for r in scores_all for m in ("accuracy", "nll")):
         print("warning: non-finite scores")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))

@@ -87,7 +87,7 @@ def to_inference_data(
     from .kernels.base import SGMCMCKernel
 
     if not isinstance(mcmc.kernel, SGMCMCKernel):
-        raise TypeError(f"to_inference_data needs a run of SGLD, SGHMC or SGNHT; got a {type(mcmc.kernel).__name__} run")
+        raise TypeError(f"to_inference_data needs a run of an SG-MCMC kernel (SGLD, SGHMC, SGNHT); got a {type(mcmc.kernel).__name__} run")
     kernel = mcmc.kernel
     potential = getattr(kernel, "potential", None)
     if potential is None or mcmc._samples is None:

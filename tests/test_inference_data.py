@@ -44,7 +44,7 @@ def test_groups_names_and_superchains(run):
     assert set(idata.groups()) >= {"posterior", "sample_stats", "log_likelihood", "observed_data", "posterior_predictive"}
     assert idata.posterior["w"].dims == ("chain", "draw", "w_dim_0")
     assert idata.posterior.superchain.values.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert set(idata.sample_stats.data_vars) == {"lp", "step_size", "diverging", "temperature", "kinetic_energy", "thermostat"}
+    assert set(idata.sample_stats.data_vars) == {"lp", "step_size", "diverging", "temperature", "num_divergences", "kinetic_energy", "thermostat"}
     assert idata.sample_stats["diverging"].dtype == bool
     # observed data: the full data set, in order, with the plate's name as its dim
     assert idata.observed_data["y"].dims == ("data",)

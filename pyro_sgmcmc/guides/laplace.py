@@ -334,7 +334,9 @@ class LaplaceApproximation(AutoContinuous):
         if isinstance(value, Mapping):
             unknown = sorted(set(value) - set(self.site_slices))
             if unknown:
-                raise ValueError(f"prior_precision names unknown sites {unknown}; latent sites: {list(self.site_slices)}")
+                raise ValueError(
+                    f"prior_precision names unknown sites {unknown}; latent sites: {list(self.site_slices)}"
+                )
             return {name: torch.as_tensor(value.get(name, 1.0), dtype=like.dtype) for name in self.site_slices}
         return {name: torch.as_tensor(value, dtype=like.dtype) for name in self.site_slices}
 
@@ -580,7 +582,7 @@ class LaplaceApproximation(AutoContinuous):
         batch_size: int = 32,
         generator: Optional[torch.Generator] = None,
     ) -> Union[GLMPrediction, torch.Tensor]:
-        """Linearised (GLM) predictive :math:`f(x) \\sim \\mathcal N(f(x, \\theta_*), J \\Sigma J^\\top)` of a network output.
+        """Linearised (GLM) predictive :math:`f(x) \\sim \\mathcal N(f(x, \\theta_*), J \\Sigma J^\\top)` of an output.
 
         ``fn(params, x)`` returns the output for constrained site values ``params``; ``link`` is
         ``None`` (mean and covariance), ``"probit"`` or ``"mc"`` (class probabilities). See

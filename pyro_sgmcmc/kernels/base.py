@@ -382,7 +382,13 @@ class SGMCMCKernel(MCMCKernel):
                 raise TypeError(
                     f"initial_params must be a dict {{site name: unconstrained tensor}}; got {type(initial_params).__name__}"
                 )
-            leading = {int(torch.as_tensor(v).shape[0]) if torch.as_tensor(v).dim() else 0 for v in initial_params.values()}
+            leading = set()
+            for name, value in initial_params.items():
+                try:
+                    value = torch.as_tensor(value)
+                except (TypeError, ValueError, RuntimeError) as error:
+                    raise TypeError(f"initial_params[{name!r}] must be a tensor or array of numbers; got {value!r}") from error
+                leading.add(int(value.shape[0]) if value.dim() else 0)
             if leading == {num_chains}:
                 positions = potential.pack(initial_params, (num_chains,))
             elif leading == {num_superchains}:
