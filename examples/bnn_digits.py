@@ -5,15 +5,17 @@ whose weights and biases are :class:`pyro.nn.PyroSample` sites with a Gaussian p
 likelihood reads the 1,347 training images through a subsampled data plate, so every SGHMC step
 sees a fresh minibatch. The script compares, on the 450 held-out images:
 
-* the SGHMC posterior predictive, the softmax probabilities averaged over thinned draws, and
 * the MAP estimate from the same kernel at ``temperature=0`` (SGHMC at T = 0 is SGD with
   momentum; the prior acts as weight decay),
+* the SGHMC posterior predictive at ``temperature=1`` (the Bayesian posterior): the softmax
+  probabilities averaged over thinned draws, and
+* the same at ``temperature=0.1``, a cold posterior (``--temperatures`` sets the list),
 
-by test accuracy and test negative log-likelihood (mean over images of ``-log p(y | x)``).
+by test accuracy and test negative log-likelihood (NLL: mean over images of ``-log p(y | x)``).
 
 Run it::
 
-    python examples/bnn_digits.py            # a couple of minutes on 2 CPU cores
+    python examples/bnn_digits.py            # about 3 minutes on an idle 2-core machine
     python examples/bnn_digits.py --tiny     # a few seconds, smoke test only
 
 The pattern that keeps the weights global
@@ -28,7 +30,9 @@ would run, but it would be a different model with weights local to each image, w
 kernels refuse). The model below therefore
 
 1. creates the plate object first: ``plate = pyro.plate("data", N, subsample_size=B)``. The
-   minibatch is drawn when the plate object is *constructed*, not when it is entered;
+   minibatch is drawn when the plate object is *constructed*, not when it is entered (under the
+   SG-MCMC kernels the kernel supplies each step's minibatch by conditioning the plate's
+   subsample site, and the plate object holds those indices just the same);
 2. reads this minibatch's indices from it: ``idx = plate.indices``;
 3. runs the network on ``x[idx]`` *outside* the ``with plate:`` block, so the weights are sampled
    with no plate around them (global, unscaled prior);
@@ -42,13 +46,45 @@ failing forward pass in the naive pattern) and the result is printed and stored 
 
 Settings
 --------
-Prior ``N(0, 1)`` on every weight and bias; minibatch ``B=100``; SGHMC ``step_size=0.1``,
-``friction=1.0`` (at T = 0: SGD with learning rate 0.1 and momentum 0.9). Both runs take
-3,000 burn-in steps; the posterior run then keeps 4,000 draws, thinned by hand to every 20th
-(200 networks) for the predictive. ``pyro.infer.MCMC`` stores every draw of every weight (2,410
-numbers per draw here), which is why the number of kept draws is modest; the MAP run keeps only its
-last draw (``num_samples=1``). Results are written as JSON to ``--out`` (default
-``bnn_digits_results.json``).
+Prior ``N(0, 1)`` on every weight and bias (2,410 numbers); minibatch ``B=100``; SGHMC
+``step_size=0.2``, ``friction=1.0`` (at T = 0 this is
+``torch.optim.SGD(lr=0.2, momentum=0.8, dampening=0.8)``);
+initial weights drawn from the prior (``init_to_sample``). The MAP run takes 10,000 steps (about
+740 epochs) and keeps its last point. Each posterior run takes 5,000 burn-in steps and 25,000
+more, of which every 100th is kept (250 networks).
+
+Memory: ``pyro.infer.MCMC`` stores every draw of every weight (here 25,000 x 2,410 numbers per
+run). The runs therefore pass ``save_params=[]`` (MCMC stores nothing) and a ``hook_fn``
+(:class:`KeepEvery`) that keeps every 100th draw: thinning by hand with Pyro's own MCMC.
+(``pyro_sgmcmc.MCMC(..., thinning=100)`` does the same in one argument.)
+
+Results
+-------
+The default run (``--seed 0``) prints::
+
+    test set (450 images)                       accuracy     NLL
+      MAP / SGD (T=0)                                 0.9800   0.0920
+      posterior predictive, T=1 (250 draws)           0.9756   0.1283
+        single draw, T=1 (average)                    0.9334   0.2291
+      posterior predictive, T=0.1 (250 draws)         0.9822   0.0857
+        single draw, T=0.1 (average)                  0.9717   0.0966
+
+At ``T = 1`` the posterior predictive is about as accurate as the MAP network but has a *worse*
+NLL: single draws from this posterior are poor classifiers (93% accuracy, NLL 0.23), and
+averaging 250 of them recovers most but not all of the gap. The cold posterior (``T = 0.1``)
+matches the MAP accuracy (one image apart) and has a better NLL. This is the "cold posterior
+effect" (Wenzel et al., 2020, "How good is the Bayes posterior in deep neural networks really?"),
+and it does not appear to come from the minibatch gradient noise: with ``B=400`` instead of 100
+(about five times less gradient-noise variance at the same step size), the
+T = 1 predictive was essentially unchanged (accuracy 0.980, NLL 0.123). Other settings tried on the
+way (``--seed 0``, ``step_size=0.1``, accuracy / NLL of MAP and of the T = 1 predictive): 32 hidden
+units, 0.973 / 0.104 and 0.971 / 0.132; 64 hidden units, 0.964 / 0.091 and 0.978 / 0.131. The
+N(0, 1) prior is a choice, not a recommendation; a prior scaled to the layer width
+(``--prior-scale``) is a natural next try.
+
+Cost: a step costs about 2.1-3.1 ms of CPU (measured under load), 70,000 steps in all.
+
+Results are written as JSON to ``--out`` (default ``bnn_digits_results.json``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ the hidden layer), so forgetting happens in the shared weights.
 Two learners, identical except for the prior of each new task:
 
 * **MAP (SGD, no memory)**: every task starts from the previous weights with the original prior
-  ``N(0, 1)``: plain (regularised) training, which overwrites what the shared weights knew;
+  ``N(0, 1)``: plain (regularised) training, which overwrites what the shared weights knew (and
+  the prior, acting as weight decay, pulls the earlier heads' weights, which no longer see data,
+  back towards zero);
 * **Laplace propagation**: after task ``t``, :meth:`~pyro_sgmcmc.guides.AutoLaplace.laplace_approximation`
   (``diag_ggn``) gives :math:`q_t(\\theta) = \\mathcal N(\\theta_t, \\Lambda_t^{-1})`, and
   :meth:`~pyro_sgmcmc.guides.LaplaceApproximation.as_prior` makes it the prior of task ``t + 1``,

@@ -10,25 +10,30 @@ order):
 * :func:`prior_terms` returns the log prior, its gradient and its exact Hessian (diagonal or full)
   in unconstrained space, the log-det-Jacobian of the constraining transforms included.
 
-How the data set is walked
---------------------------
-The likelihood is split into *terms* :math:`\\ell_n(\\theta) = w_n \\log p(y_n \\mid \\theta)` where
-:math:`w_n` is the site's own scale (``poutine.scale``, e.g. a likelihood temperature; the
-``N / B`` factor of a subsampled plate is removed, every term is counted once).
+**How the data set is walked.** The likelihood is split into *terms*
+:math:`\\ell_n(\\theta) = w_n \\log p(y_n \\mid \\theta)`, :math:`w_n` the site's own scale
+(``poutine.scale``, e.g. a likelihood temperature; the ``N / B`` factor of a subsampled plate is
+removed, so every term counts once). With exactly one subsampled plate (the usual
+``pyro.plate("data", N, subsample_size=B)``) an *example* is one index of that plate, and the
+fastest route that applies is taken:
 
-* **Per-example path** (models with exactly one subsampled plate, the usual
-  ``pyro.plate("data", N, subsample_size=B)``): an *example* is one index of that plate. The model is
-  run under :func:`torch.func.vmap` on one index per vmapped instance, ``B`` indices per call, and
-  per-example gradients come from one :func:`torch.func.vjp` each: the cost is about one batched
-  backward pass per curvature column. To let the plate accept one index, Pyro's check that a
-  conditioned subsample has the plate's ``subsample_size`` is lifted for that plate while the sweep
-  runs (:func:`free_subsample_length`). A model that cannot run on one index (a shape hard-coded to
-  ``B``, an op without a batching rule) falls back, with a warning, to the Jacobian path.
-* **Jacobian path** (no subsampled plate, several of them, or the fallback): the plates are walked
+* **linear layers** (diagonal curvatures): when every latent site is the weight or bias of one
+  ``F.linear`` call on a ``(batch, in)`` input (a ``PyroModule`` network with ``PyroSample``
+  weights), the layer calls are recorded with a :class:`torch.overrides.TorchFunctionMode` and
+  :math:`\\sum_n (\\delta_n a_n^\\top)^2 = (\\delta \\circ \\delta)^\\top (a \\circ a)` gives the
+  diagonal from one backward pass per output column, with no per-example gradient stored. The
+  first four examples are checked against plain per-example gradients;
+* **per-example gradients**: the model runs under :func:`torch.func.vmap` on one plate index per
+  vmapped instance, and :func:`torch.func.vjp` gives each example's gradient (one backward pass per
+  output column). To let the plate accept one index, Pyro's check that a conditioned subsample has
+  the plate's ``subsample_size`` is lifted for that plate while the sweep runs
+  (:func:`free_subsample_length`). A model that cannot run on one index (a shape hard-coded to
+  ``B``, an op without a batching rule) falls back, with a warning, to:
+* **Jacobians of minibatches** (also for no or several subsampled plates): the plates are walked
   in consecutive chunks of their own ``subsample_size`` (the last chunk overlaps the one before it
-  and the overlap is masked out, so every term counts once), and the Jacobian of the vector of
-  terms is taken with one batched backward pass per chunk. A term is one element of an observed
-  site's batch shape. This path costs ``B`` backward passes per chunk: use it for small models.
+  and the overlap is masked out) and the Jacobian of the vector of terms is taken by batched
+  backward passes; a term is one element of an observed site's batch shape. This costs ``B``
+  backward passes per chunk: for small models.
 """
 
 from __future__ import annotations
@@ -575,7 +580,7 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
         batch = index.shape[0]
         if not _linear_layers_cover(potential, recorder, batch):
             return None
-        rows, loglik = [], trace.log_prob_sum().new_zeros(())
+        rows, loglik = [], position.new_zeros(())
         for site in _observed_sites(trace, latent_names):
             frames = [f for f in site["cond_indep_stack"] if f.name == plate_name]
             log_prob = _masked_log_prob(site)
@@ -591,16 +596,30 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
             rows = rows.sum(-1, keepdim=True)
         outputs = [out for _, _, _, out in recorder.calls]
         diag = {name: torch.zeros_like(v) for name, v in zip(potential.site_names, values)}
-        for k in range(rows.shape[1]):
-            deltas = torch.autograd.grad(rows[:, k].sum(), outputs, retain_graph=True, allow_unused=True)
-            for (weight_name, bias_name, inputs, out), delta in zip(recorder.calls, deltas):
-                if delta is None:
-                    continue
-                squared = delta.detach() ** 2
-                if weight_name is not None:
-                    diag[weight_name] += squared.T @ inputs.detach() ** 2
-                if bias_name is not None:
-                    diag[bias_name] += squared.sum(0)
+        # delta[k, n] = d rows[n, k] / d z_n for every layer output z, all K columns in one batched
+        # backward pass; sum_k (delta_k^2)^T a^2 = (sum_k delta_k^2)^T a^2: one product per layer.
+        num_columns = rows.shape[1]
+        basis = torch.eye(num_columns, dtype=rows.dtype, device=rows.device)
+        cotangents = basis.unsqueeze(1).expand(num_columns, *rows.shape)
+        try:
+            deltas = torch.autograd.grad(rows, outputs, grad_outputs=cotangents, is_grads_batched=True,
+                                         allow_unused=True)  # fmt: skip
+            squares = [None if delta is None else (delta.detach() ** 2).sum(0) for delta in deltas]
+        except RuntimeError:  # no batching rule somewhere in the network: one pass per column
+            squares = [None] * len(outputs)
+            for k in range(num_columns):
+                deltas = torch.autograd.grad(rows[:, k].sum(), outputs, retain_graph=True, allow_unused=True)
+                for i, delta in enumerate(deltas):
+                    if delta is not None:
+                        squared = delta.detach() ** 2
+                        squares[i] = squared if squares[i] is None else squares[i] + squared
+        for (weight_name, bias_name, inputs, _), squared in zip(recorder.calls, squares):
+            if squared is None:
+                continue
+            if weight_name is not None:
+                diag[weight_name] += squared.T @ inputs.detach() ** 2
+            if bias_name is not None:
+                diag[bias_name] += squared.sum(0)
     return torch.cat([diag[name].reshape(-1) for name in potential.site_names]), loglik.detach()
 
 
