@@ -5,9 +5,9 @@ inside :class:`pyro.infer.MCMC` on models with subsampled plates, and :class:`MC
 :class:`pyro.infer.MCMC` that also runs many chains vectorised.
 """
 
-from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, SGMCMCKernel, SGMCMCState
 from .diagnostics import nested_rhat, nested_rhat_threshold
 from .inference_data import to_inference_data
+from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, SGMCMCKernel, SGMCMCState
 from .mcmc import MCMC
 from .potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule

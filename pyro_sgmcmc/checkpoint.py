@@ -38,11 +38,15 @@ def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
     try:
         payload = torch.load(Path(path), weights_only=False, map_location="cpu")
     except Exception as error:  # truncated, not a torch file, ...
-        raise CheckpointMismatch(f"{path} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: {error})") from error
+        raise CheckpointMismatch(
+            f"{path} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: {error})"
+        ) from error
     if not isinstance(payload, dict):
         raise CheckpointMismatch(f"{path} is not a pyro_sgmcmc checkpoint (it holds a {type(payload).__name__})")
     if payload.get("format_version") != FORMAT_VERSION:
-        raise CheckpointMismatch(f"checkpoint {path} has format {payload.get('format_version')!r}, expected {FORMAT_VERSION}")
+        raise CheckpointMismatch(
+            f"checkpoint {path} has format {payload.get('format_version')!r}, expected {FORMAT_VERSION}"
+        )
     if payload.get("fingerprint") != fingerprint:
         raise CheckpointMismatch(
             f"checkpoint {path} was written by a run with different settings:\n  theirs {payload.get('fingerprint')}\n"

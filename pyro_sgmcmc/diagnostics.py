@@ -99,7 +99,9 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
         for name in names:
             array = data[name].transpose("chain", "draw", ...)
             value = _nested_rhat_array(array.values, superchain_ids)
-            out[name] = xr.DataArray(value, dims=array.dims[2:], coords={d: array.coords[d] for d in array.dims[2:] if d in array.coords})
+            out[name] = xr.DataArray(
+                value, dims=array.dims[2:], coords={d: array.coords[d] for d in array.dims[2:] if d in array.coords}
+            )
         return xr.Dataset(out)
     return _nested_rhat_array(data, superchain_ids)
 
@@ -113,7 +115,11 @@ def nested_rhat_threshold(chains_per_superchain: int, num_draws: int = 1, tau: f
     (``1e-4`` after Margossian et al.), and never below the authors' 1.01. For ``N = 1`` it is
     :math:`\\sqrt{1 + 1/M + \\tau}` whenever ``M < 50``.
     """
-    if isinstance(chains_per_superchain, bool) or not isinstance(chains_per_superchain, int) or chains_per_superchain < 1:
+    if (
+        isinstance(chains_per_superchain, bool)
+        or not isinstance(chains_per_superchain, int)
+        or chains_per_superchain < 1
+    ):
         raise ValueError(f"chains_per_superchain must be a positive integer; got {chains_per_superchain!r}")
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer; got {num_draws!r}")
@@ -128,7 +134,9 @@ def _nested_rhat_array(data, superchain_ids) -> np.ndarray:
     if draws.dtype.kind not in "biuf":
         raise TypeError(f"data must hold real numbers; got an array of dtype {draws.dtype}")
     if draws.ndim < 2 or draws.shape[0] == 0 or draws.shape[1] == 0:
-        raise ValueError(f"data must have axes (chain, draw, ...) with at least one chain and one draw; got shape {draws.shape}")
+        raise ValueError(
+            f"data must have axes (chain, draw, ...) with at least one chain and one draw; got shape {draws.shape}"
+        )
     num_chains, num_draws = draws.shape[:2]
     ids = np.arange(num_chains) if superchain_ids is None else _as_ids(superchain_ids)
     if ids.shape != (num_chains,):
@@ -136,7 +144,9 @@ def _nested_rhat_array(data, superchain_ids) -> np.ndarray:
     labels, ids = np.unique(ids, return_inverse=True)
     counts = np.bincount(ids)
     if counts.min() != counts.max():
-        raise ValueError(f"superchain_ids: every superchain must hold the same number of chains; got sizes {counts.tolist()}")
+        raise ValueError(
+            f"superchain_ids: every superchain must hold the same number of chains; got sizes {counts.tolist()}"
+        )
     num_superchains, per_superchain = len(labels), int(counts[0])
     if num_superchains < 2:
         raise ValueError("superchain_ids: nested R-hat needs at least 2 superchains")

@@ -15,11 +15,10 @@ import itertools
 from typing import Dict, List, Mapping, Optional
 
 import numpy as np
-import torch
-
 import pyro
 import pyro.infer
 import pyro.poutine as poutine
+import torch
 
 __all__ = ["to_inference_data"]
 
@@ -87,7 +86,9 @@ def to_inference_data(
     from .kernels.base import SGMCMCKernel
 
     if not isinstance(mcmc.kernel, SGMCMCKernel):
-        raise TypeError(f"to_inference_data needs a run of an SG-MCMC kernel (SGLD, SGHMC, SGNHT); got a {type(mcmc.kernel).__name__} run")
+        raise TypeError(
+            f"to_inference_data needs a run of an SG-MCMC kernel (SGLD, SGHMC, SGNHT); got a {type(mcmc.kernel).__name__} run"
+        )
     kernel = mcmc.kernel
     potential = getattr(kernel, "potential", None)
     if potential is None or mcmc._samples is None:
@@ -195,7 +196,9 @@ class _FullData:
         axes = self.observed_axes[name]
         index = list(lead)
         for axis, dim_name in enumerate(axes):
-            index.append(indices[dim_name].cpu().numpy() if dim_name in indices else np.arange(value.shape[len(lead) + axis]))
+            index.append(
+                indices[dim_name].cpu().numpy() if dim_name in indices else np.arange(value.shape[len(lead) + axis])
+            )
         if lead:
             index[0] = np.arange(value.shape[0])
         target[np.ix_(*index)] = value

@@ -16,11 +16,10 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Dict, Optional, Union
 
-import torch
-
 import pyro
 import pyro.infer
 import pyro.poutine as poutine
+import torch
 from pyro.util import optional
 
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -157,7 +156,13 @@ disable_validation, transforms, save_params :
         self.checkpoint_every = checkpoint_every or (1000 if checkpoint_path is not None else None)
         self.resume = bool(resume)
         if chain_method == "default":
-            if num_superchains is not None or thinning != 1 or keep_last is not None or seed is not None or checkpoint_path:
+            if (
+                num_superchains is not None
+                or thinning != 1
+                or keep_last is not None
+                or seed is not None
+                or checkpoint_path
+            ):
                 raise ValueError(
                     "num_superchains, thinning, keep_last, seed and checkpoint_path need chain_method='vectorized' "
                     "(Pyro's own chain methods do not support them)"

@@ -29,14 +29,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-import torch
-from torch.distributions import biject_to
-
 import pyro
 import pyro.poutine as poutine
+import torch
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
+from torch.distributions import biject_to
 
 __all__ = ["LatentSite", "SubsamplePlate", "ModelPotential", "ModelError"]
 
@@ -143,7 +142,9 @@ class ModelPotential:
         ]  # fmt: skip
         self.dtype = _promote([v.dtype for v in values if v.is_floating_point()] or [torch.get_default_dtype()])
         self.device = hint[1] if hint[1] is not None else next(iter(self._prototype_values.values())).device
-        self.num_data = _default_num_data(prototype, self.subsample_plates) if num_data is None else _check_num_data(num_data)
+        self.num_data = (
+            _default_num_data(prototype, self.subsample_plates) if num_data is None else _check_num_data(num_data)
+        )
 
         # Built once: the model with latent values substituted from a dict refilled in place.
         self._values: Dict[str, torch.Tensor] = {}
@@ -176,7 +177,9 @@ class ModelPotential:
                 f"missing {missing}, unknown {unknown}"
             )
         if not isinstance(params, Mapping):
-            raise TypeError(f"initial_params must be a dict {{site name: unconstrained tensor}}; got {type(params).__name__}")
+            raise TypeError(
+                f"initial_params must be a dict {{site name: unconstrained tensor}}; got {type(params).__name__}"
+            )
         parts = []
         for site in self.sites:
             try:
@@ -441,7 +444,11 @@ def _default_num_data(trace, subsample_plates) -> int:
     num_data = 1
     for site in trace.nodes.values():
         if site["type"] == "sample" and site["is_observed"]:
-            sizes = [full_size.get(f.name, getattr(f, "full_size", None) or f.size) for f in site["cond_indep_stack"] if f.vectorized]
+            sizes = [
+                full_size.get(f.name, getattr(f, "full_size", None) or f.size)
+                for f in site["cond_indep_stack"]
+                if f.vectorized
+            ]
             terms = math.prod(size for size in sizes if size is not None and size > 0)
             num_data = max(num_data, int(terms))
     return num_data

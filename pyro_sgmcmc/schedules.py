@@ -121,7 +121,8 @@ def as_schedule(step_size: Union[float, Schedule, Callable[[int], float]], argum
     elif isinstance(step_size, bool) or isinstance(step_size, str):
         raise ValueError(
             f"{argument} must be a positive float, a Schedule (Constant, RobbinsMonro) or a callable t -> float; "
-            f"got {step_size!r}" + (" (use make_schedule(name, ...) for named schedules)" if isinstance(step_size, str) else "")
+            f"got {step_size!r}"
+            + (" (use make_schedule(name, ...) for named schedules)" if isinstance(step_size, str) else "")
         )
     elif isinstance(step_size, numbers.Real):
         if not _is_positive_finite(step_size):

@@ -158,8 +158,15 @@ def sblr(folder: str = "sblri-blr", subsample_size: Optional[int] = 50) -> Probl
     data = _read(folder, "data.json")
     X = torch.tensor(data["X"], dtype=DTYPE)
     y = torch.tensor(data["y"], dtype=DTYPE)
-    return _regression(folder, X, y, 10.0, dist.HalfNormal(torch.tensor(10.0, dtype=DTYPE)), subsample_size,
-                       "beta = M u (whitening by the design matrix); start at least squares")
+    return _regression(
+        folder,
+        X,
+        y,
+        10.0,
+        dist.HalfNormal(torch.tensor(10.0, dtype=DTYPE)),
+        subsample_size,
+        "beta = M u (whitening by the design matrix); start at least squares",
+    )
 
 
 def earnings_logearn_interaction_z(subsample_size: Optional[int] = 100) -> Problem:
@@ -174,8 +181,15 @@ def earnings_logearn_interaction_z(subsample_size: Optional[int] = 100) -> Probl
     male = torch.tensor(data["male"], dtype=DTYPE)
     z = (height - height.mean()) / height.std(unbiased=True)
     X = torch.stack([torch.ones_like(z), z, male, z * male], dim=-1)
-    return _regression(folder, X, earn.log(), None, None, subsample_size,
-                       "flat priors; beta = M u (whitening by the design matrix); start at least squares")
+    return _regression(
+        folder,
+        X,
+        earn.log(),
+        None,
+        None,
+        subsample_size,
+        "flat priors; beta = M u (whitening by the design matrix); start at least squares",
+    )
 
 
 # ---------------------------------------------------------------------------- eight schools

@@ -8,10 +8,9 @@ Writes the draws to OUT.pt; with --progress prints the finished step number afte
 import argparse
 import sys
 
-import torch
-
 import pyro
 import pyro.distributions as dist
+import torch
 
 from pyro_sgmcmc import MCMC, SGHMC
 

@@ -2,11 +2,10 @@
 
 import math
 
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import pytest
+import torch
 from pyro.infer import MCMC
 
 from pyro_sgmcmc import SGHMC, SGLD, SGNHT, ModelError, RobbinsMonro, make_schedule
@@ -31,7 +30,9 @@ def test_step_size_must_be_positive_and_finite(kernel_cls, step_size):
 def test_unknown_schedule():
     with pytest.raises(ValueError, match=r"step_size must be a positive float, a Schedule.*make_schedule"):
         SGLD(model, step_size="cosine")
-    with pytest.raises(ValueError, match=r"unknown step-size schedule 'cosine'; accepted: \['constant', 'robbins_monro'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown step-size schedule 'cosine'; accepted: \['constant', 'robbins_monro'\]"
+    ):
         make_schedule("cosine")
     with pytest.raises(ValueError, match=r"gamma must be in \(0.5, 1\]"):
         RobbinsMonro(a=0.1, gamma=0.4)

@@ -67,7 +67,9 @@ def _start(out, *extra):
 
 def test_sigkill_loses_at_most_k_steps_and_resumes_bit_identically(tmp_path):
     path, every = tmp_path / "run.ckpt", 7
-    process = _start(tmp_path / "unused.pt", "--checkpoint", str(path), "--every", str(every), "--progress", "--slow", "0.01")
+    process = _start(
+        tmp_path / "unused.pt", "--checkpoint", str(path), "--every", str(every), "--progress", "--slow", "0.01"
+    )
     last = 0
     try:
         for line in process.stdout:  # the child prints each finished step

@@ -1,11 +1,10 @@
 """to_inference_data: groups, names, full-data log-likelihood, netCDF round trip, ArviZ functions."""
 
 import numpy as np
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import pytest
+import torch
 from pyro.infer import MCMC as PyroMCMC
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT, nested_rhat, to_inference_data
@@ -41,10 +40,24 @@ def run():
 def test_groups_names_and_superchains(run):
     mcmc, x, y = run
     idata = to_inference_data(mcmc, log_likelihood=True, posterior_predictive=True)
-    assert set(idata.groups()) >= {"posterior", "sample_stats", "log_likelihood", "observed_data", "posterior_predictive"}
+    assert set(idata.groups()) >= {
+        "posterior",
+        "sample_stats",
+        "log_likelihood",
+        "observed_data",
+        "posterior_predictive",
+    }
     assert idata.posterior["w"].dims == ("chain", "draw", "w_dim_0")
     assert idata.posterior.superchain.values.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert set(idata.sample_stats.data_vars) == {"lp", "step_size", "diverging", "temperature", "num_divergences", "kinetic_energy", "thermostat"}
+    assert set(idata.sample_stats.data_vars) == {
+        "lp",
+        "step_size",
+        "diverging",
+        "temperature",
+        "num_divergences",
+        "kinetic_energy",
+        "thermostat",
+    }
     assert idata.sample_stats["diverging"].dtype == bool
     # observed data: the full data set, in order, with the plate's name as its dim
     assert idata.observed_data["y"].dims == ("data",)

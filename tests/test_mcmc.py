@@ -1,10 +1,9 @@
 """pyro_sgmcmc.MCMC: vectorised chains, superchains, thinning, last-state runs."""
 
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import pytest
+import torch
 from pyro.infer import NUTS
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT
@@ -64,7 +63,14 @@ def test_vectorised_run_get_samples_summary_diagnostics(capsys):
     mcmc.summary()
     assert "sigma" in capsys.readouterr().out
     assert mcmc.sample_stats["lp"].shape == (8, 50) and mcmc.sample_stats["diverging"].dtype == torch.bool
-    assert set(mcmc.sample_stats) == {"lp", "step_size", "diverging", "temperature", "num_divergences", "kinetic_energy"}
+    assert set(mcmc.sample_stats) == {
+        "lp",
+        "step_size",
+        "diverging",
+        "temperature",
+        "num_divergences",
+        "kinetic_energy",
+    }
     assert mcmc.superchain_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
@@ -88,7 +94,11 @@ def _run(**kwargs):
     x, y = _data()
     options = dict(num_chains=4, chain_method="vectorized", seed=7, disable_progbar=True)
     options.update(kwargs)
-    mcmc = MCMC(SGHMC(regression_model, step_size=0.02), initial_params={"w": torch.zeros(4, 3), "sigma": torch.zeros(4)}, **options)
+    mcmc = MCMC(
+        SGHMC(regression_model, step_size=0.02),
+        initial_params={"w": torch.zeros(4, 3), "sigma": torch.zeros(4)},
+        **options,
+    )
     mcmc.run(x, y)
     return mcmc.get_samples(group_by_chain=True)["w"]
 

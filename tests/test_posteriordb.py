@@ -157,8 +157,12 @@ def run_chains(setting: Setting, num_chains: int = NUM_CHAINS) -> Run:
         # One MCMC per chain, each with its own seed: the same draws on any machine (pyro.infer.MCMC
         # with num_chains > 1 switches to multiprocessing when enough CPUs are available).
         pyro.set_rng_seed(1000 * setting.seed + chain)
-        mcmc = MCMC(setting.kernel_for(problem), num_samples=setting.num_samples,
-                    warmup_steps=setting.warmup, disable_progbar=True)
+        mcmc = MCMC(
+            setting.kernel_for(problem),
+            num_samples=setting.num_samples,
+            warmup_steps=setting.warmup,
+            disable_progbar=True,
+        )
         mcmc.run()
         chains.append({k: v.detach() for k, v in mcmc.get_samples().items()})
         divergences += sum(len(v) for v in mcmc.diagnostics()["divergences"].values())
@@ -166,8 +170,17 @@ def run_chains(setting: Setting, num_chains: int = NUM_CHAINS) -> Run:
 
 
 # ---------------------------------------------------------------------------- bias prediction
-def _stationary_position_cov(kernel: str, eps: float, H, C, num_data: int, temperature: float, alpha: float,
-                             xi: Optional[float] = None, mass: float = 1.0):
+def _stationary_position_cov(
+    kernel: str,
+    eps: float,
+    H,
+    C,
+    num_data: int,
+    temperature: float,
+    alpha: float,
+    xi: Optional[float] = None,
+    mass: float = 1.0,
+):
     """Stationary covariance of ``z`` (and kinetic temperature) of the kernel's update linearised at ``H``."""
     d = H.shape[0]
     eye = np.eye(d)
@@ -193,8 +206,9 @@ def _check_stable(A) -> None:
     assert radius < 1.0, f"the linearised update is unstable here (spectral radius {radius:.3f}): step size too large"
 
 
-def predicted_relative_variance_bias(kernel: str, eps: float, H, C, num_data: int, temperature: float = 1.0,
-                                     alpha: float = 1.0) -> np.ndarray:
+def predicted_relative_variance_bias(
+    kernel: str, eps: float, H, C, num_data: int, temperature: float = 1.0, alpha: float = 1.0
+) -> np.ndarray:
     """``rho_i``: generalised eigenvalues of (Sigma_eps, Sigma_exact) minus one."""
     xi = None
     if kernel == "SGNHT":
@@ -236,8 +250,9 @@ def step_size_bias(run: Run) -> float:
             H, C = local_curvature_and_noise(problem, full, position, batch)
             if np.linalg.eigvalsh(H).min() <= 0:
                 continue
-            rho = predicted_relative_variance_bias(s.kernel, s.step_size, H, C, full.num_data, s.temperature,
-                                                   s.friction)
+            rho = predicted_relative_variance_bias(
+                s.kernel, s.step_size, H, C, full.num_data, s.temperature, s.friction
+            )
             norms.append(float(np.linalg.norm(rho)))
     assert len(norms) >= NUM_BIAS_POINTS // 2, "too few draws with a positive-definite Hessian to predict the bias"
     return float(np.mean(norms))
@@ -261,9 +276,11 @@ class Check:
 
     def __str__(self) -> str:
         flag = "ok " if self.ok else "BAD"
-        return (f"{flag} {self.name:>9s} {self.stat:4s} ours {self.value:.6g} ref {self.reference:.6g} "
-                f"|diff| {abs(self.value - self.reference):.3g} <= tol {self.tolerance:.3g} "
-                f"(= {Z:g} x mcse {self.mc_part:.3g} + bias {self.bias_part:.3g}; ESS {self.ess:.0f})")
+        return (
+            f"{flag} {self.name:>9s} {self.stat:4s} ours {self.value:.6g} ref {self.reference:.6g} "
+            f"|diff| {abs(self.value - self.reference):.3g} <= tol {self.tolerance:.3g} "
+            f"(= {Z:g} x mcse {self.mc_part:.3g} + bias {self.bias_part:.3g}; ESS {self.ess:.0f})"
+        )
 
 
 def compare(run: Run, r: float) -> List[Check]:
@@ -316,26 +333,45 @@ FAST = {
     # N = 1192, B = 100: N C ~ 11 F, and the log-earnings residuals are heavy tailed (F ~ 2.5 a for
     # log sigma), so at the same bias the step must be ~8x smaller than for sblri and the ESS is
     # small: this fast test is coarse (mean tolerance ~0.75 sd, sd ~45 %); the slow one is ~1.8x tighter.
-    "earnings-SGHMC": Setting("earnings-logearn_interaction_z", "SGHMC", 0.0125, friction=1.0, subsample_size=100,
-                              warmup=400, num_samples=2100),
+    "earnings-SGHMC": Setting(
+        "earnings-logearn_interaction_z",
+        "SGHMC",
+        0.0125,
+        friction=1.0,
+        subsample_size=100,
+        warmup=400,
+        num_samples=2100,
+    ),
     # Full batch: no gradient noise. SGHMC's position bias is O(eps^2), so a large step with light
     # friction (underdamped) mixes fast. SGNHT's thermostat holds the kinetic temperature of the
     # discrete momentum, which symplectic Euler inflates by 1 / (1 - eps xi / 2): it over-damps and
     # the position variance shrinks by O(eps) (~8 % here), which the prediction includes.
-    "eight_schools-SGHMC": Setting("eight_schools-eight_schools_noncentered", "SGHMC", 0.5, friction=0.3,
-                                   warmup=250, num_samples=2250),
-    "eight_schools-SGNHT": Setting("eight_schools-eight_schools_noncentered", "SGNHT", 0.5, friction=0.3,
-                                   warmup=250, num_samples=2250),
+    "eight_schools-SGHMC": Setting(
+        "eight_schools-eight_schools_noncentered", "SGHMC", 0.5, friction=0.3, warmup=250, num_samples=2250
+    ),
+    "eight_schools-SGNHT": Setting(
+        "eight_schools-eight_schools_noncentered", "SGNHT", 0.5, friction=0.3, warmup=250, num_samples=2250
+    ),
 }
 
 # Each slow setting: 4 chains x 15,000 steps = 60,000 steps (6x the fast budget).
 SLOW = {
-    "earnings-SGHMC": Setting("earnings-logearn_interaction_z", "SGHMC", 0.007, friction=1.0, subsample_size=100,
-                              warmup=1000, num_samples=14000, seed=1),
-    "sblri-SGHMC": Setting("sblri-blr", "SGHMC", 0.05, friction=1.0, subsample_size=50,
-                           warmup=1000, num_samples=14000, seed=1),
-    "eight_schools-SGHMC": Setting("eight_schools-eight_schools_noncentered", "SGHMC", 0.3, friction=0.3,
-                                   warmup=1000, num_samples=14000, seed=1),
+    "earnings-SGHMC": Setting(
+        "earnings-logearn_interaction_z",
+        "SGHMC",
+        0.007,
+        friction=1.0,
+        subsample_size=100,
+        warmup=1000,
+        num_samples=14000,
+        seed=1,
+    ),
+    "sblri-SGHMC": Setting(
+        "sblri-blr", "SGHMC", 0.05, friction=1.0, subsample_size=50, warmup=1000, num_samples=14000, seed=1
+    ),
+    "eight_schools-SGHMC": Setting(
+        "eight_schools-eight_schools_noncentered", "SGHMC", 0.3, friction=0.3, warmup=1000, num_samples=14000, seed=1
+    ),
 }
 
 
@@ -356,8 +392,17 @@ def test_comparison_rejects_a_tempered_posterior():
     The bias prediction is made for T = 1 (as if the kernel were meant to sample the posterior), so
     this is exactly what the assertions above would see if the noise were sqrt(2) too large.
     """
-    setting = Setting("sblri-blr", "SGHMC", 0.1, friction=1.0, subsample_size=50, warmup=250, num_samples=2250,
-                      temperature=2.0, seed=2)
+    setting = Setting(
+        "sblri-blr",
+        "SGHMC",
+        0.1,
+        friction=1.0,
+        subsample_size=50,
+        warmup=250,
+        num_samples=2250,
+        temperature=2.0,
+        seed=2,
+    )
     run = run_chains(setting)
     r = step_size_bias(Run(dataclasses.replace(setting, temperature=1.0), run.problem, run.chains, 0))
     checks = compare(run, r)

@@ -2,11 +2,9 @@
 
 import math
 
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import torch
 from pyro.infer.autoguide.initialization import init_to_mean, init_to_value
 
 from pyro_sgmcmc import ModelPotential
@@ -126,7 +124,9 @@ def test_init_strategies_and_initial_params_are_honoured(float64):
     mean = ModelPotential(model, init_strategy=init_to_mean).initial_position()
     # LogNormal(0.3, 0.1) has mean exp(0.3 + 0.1^2 / 2); its unconstrained value is the log of that
     assert torch.allclose(mean, torch.tensor([1.0, 2.0, 0.3 + 0.005]), atol=1e-12)
-    given = ModelPotential(model, init_strategy=init_to_value(values={"a": torch.tensor([5.0, 6.0]), "s": torch.tensor(2.0)}))
+    given = ModelPotential(
+        model, init_strategy=init_to_value(values={"a": torch.tensor([5.0, 6.0]), "s": torch.tensor(2.0)})
+    )
     assert torch.allclose(given.initial_position(), torch.tensor([5.0, 6.0, math.log(2.0)]))
     explicit = ModelPotential(model).initial_position({"a": torch.tensor([-1.0, -2.0]), "s": torch.tensor(0.5)})
     assert torch.equal(explicit, torch.tensor([-1.0, -2.0, 0.5]))

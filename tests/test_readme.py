@@ -18,5 +18,9 @@ def test_readme_has_a_demo_and_a_test_command():
 
 
 def test_ci_runs_the_readme_test_command():
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    ci = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
     assert ci == [_commands()[1]]

@@ -46,14 +46,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-import torch
-from torch.distributions import Independent
-
 import pyro
 import pyro.poutine as poutine
+import torch
 from pyro.distributions import Unit
 from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDistribution
 from pyro.poutine.subsample_messenger import SubsampleMessenger, _Subsample
+from torch.distributions import Independent
 
 __all__ = [
     "Curvature",
@@ -842,4 +841,3 @@ def prior_terms(potential, position: torch.Tensor, full: bool = False) -> PriorT
                     curvature[site.slice] = -rows.diagonal()
     mean = torch.cat([_prior_mean(site, fns[site.name], position.dtype) for site in potential.sites])
     return PriorTerms(log_density.detach(), grad.detach(), curvature.detach(), mean.to(position.device))
-

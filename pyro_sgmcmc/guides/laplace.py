@@ -20,14 +20,13 @@ from __future__ import annotations
 import math
 from typing import Dict, Mapping, Optional, Union
 
-import torch
-from torch.distributions import biject_to
-
 import pyro  # noqa: F401  (the docstring examples use it)
 import pyro.distributions as dist
 import pyro.poutine as poutine
+import torch
 from pyro.infer.autoguide import AutoContinuous, AutoLaplaceApproximation
 from pyro.infer.autoguide.initialization import init_to_median
+from torch.distributions import biject_to
 
 from ..potential import ModelPotential
 from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_terms
@@ -627,4 +626,3 @@ def _guide_permutation(guide: AutoContinuous, potential: ModelPotential) -> torc
             raise ValueError(f"site {name!r} changed shape since the guide was set up")
         parts.append(torch.arange(site.offset, site.offset + site.numel))
     return torch.cat(parts)
-

@@ -33,7 +33,6 @@ from collections import OrderedDict
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
-
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
@@ -105,7 +104,9 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError(f"num_data must be a positive integer (the number of data N) or None; got {num_data!r}")
         self.num_data = num_data
         if not callable(init_strategy):
-            raise ValueError(f"init_strategy must be a Pyro init strategy (e.g. init_to_uniform); got {init_strategy!r}")
+            raise ValueError(
+                f"init_strategy must be a Pyro init strategy (e.g. init_to_uniform); got {init_strategy!r}"
+            )
         self.init_strategy = init_strategy
         self.on_divergence = _choice(on_divergence, "on_divergence", _ON_DIVERGENCE)
 
@@ -257,7 +258,11 @@ class SGMCMCKernel(MCMCKernel):
         """Advance every chain by one step (the hot path: no set-up work here)."""
         state = self.state
         step_size = self.step_size(state.step)
-        noise = self.generators.normal(state.position.shape[1:], state.position.dtype) if self.noise_temperature > 0 else None
+        noise = (
+            self.generators.normal(state.position.shape[1:], state.position.dtype)
+            if self.noise_temperature > 0
+            else None
+        )
         drift = state.grad * (-self._inverse_num_data)
         position, momentum, thermostat = self._transition(state, drift, step_size, noise)
         energy, grad = self.potential.batched_potential_and_grad(position, self.minibatches.next())
@@ -387,7 +392,9 @@ class SGMCMCKernel(MCMCKernel):
                 try:
                     value = torch.as_tensor(value)
                 except (TypeError, ValueError, RuntimeError) as error:
-                    raise TypeError(f"initial_params[{name!r}] must be a tensor or array of numbers; got {value!r}") from error
+                    raise TypeError(
+                        f"initial_params[{name!r}] must be a tensor or array of numbers; got {value!r}"
+                    ) from error
                 leading.add(int(value.shape[0]) if value.dim() else 0)
             if leading == {num_chains}:
                 positions = potential.pack(initial_params, (num_chains,))

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional, Union
 
 import torch
-
 from pyro.infer.autoguide.initialization import init_to_uniform
 
 from ..schedules import Schedule
-from .base import SGMCMCKernel, SGMCMCState, _choice, _non_negative, _positive, _INITIAL_MOMENTA
+from .base import _INITIAL_MOMENTA, SGMCMCKernel, SGMCMCState, _choice, _non_negative, _positive
 from .diffusions import kinetic_energy as _kinetic_energy
 from .diffusions import underdamped_step
 

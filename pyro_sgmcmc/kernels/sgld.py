@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable, Optional, Union
 
 import torch
-
 from pyro.infer.autoguide.initialization import init_to_uniform
 
 from ..schedules import Schedule

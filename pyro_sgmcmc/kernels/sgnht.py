@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional, Union
 
 import torch
-
 from pyro.infer.autoguide.initialization import init_to_uniform
 
 from ..schedules import Schedule
-from .base import SGMCMCKernel, SGMCMCState, _choice, _non_negative, _positive, _INITIAL_MOMENTA
+from .base import _INITIAL_MOMENTA, SGMCMCKernel, SGMCMCState, _choice, _non_negative, _positive
 from .diffusions import kinetic_energy as _kinetic_energy
 from .diffusions import nose_hoover_step
 
@@ -76,13 +75,17 @@ class SGNHT(SGMCMCKernel):
         self.diffusion = _non_negative(diffusion, "diffusion", "the injected-noise coefficient alpha")
         self.mass = _positive(mass, "mass")
         self.initial_thermostat = (
-            self.diffusion if initial_thermostat is None else _non_negative(initial_thermostat, "initial_thermostat", "xi_0")
+            self.diffusion
+            if initial_thermostat is None
+            else _non_negative(initial_thermostat, "initial_thermostat", "xi_0")
         )
         self.initial_momentum = _choice(initial_momentum, "initial_momentum", _INITIAL_MOMENTA)
 
     def _init_auxiliary(self, position: torch.Tensor):
         momentum = self._initial_momentum(position, self.initial_momentum, self.mass)
-        thermostat = torch.full(position.shape[:-1], self.initial_thermostat, dtype=position.dtype, device=position.device)
+        thermostat = torch.full(
+            position.shape[:-1], self.initial_thermostat, dtype=position.dtype, device=position.device
+        )
         return momentum, thermostat
 
     def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise):

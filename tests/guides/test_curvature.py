@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import warnings
 
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import pytest
+import torch
 from pyro.nn import PyroModule, PyroSample
+
 from pyro_sgmcmc import ModelPotential
 from pyro_sgmcmc.guides.curvature import Curvature, likelihood_curvature, prior_terms
 

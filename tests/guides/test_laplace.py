@@ -12,15 +12,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyro
+import pyro.distributions as dist
 import pytest
 import scipy.optimize
 import torch
-
-import pyro
-import pyro.distributions as dist
 from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoLaplaceApproximation
 from pyro.infer.autoguide.initialization import init_to_value
+
 from pyro_sgmcmc.guides import AutoLaplace, LaplaceApproximation
 from pyro_sgmcmc.guides.curvature import MAX_FULL_DIM
 

@@ -23,11 +23,10 @@ Chains start 5 posterior sd away from the mean and burn in for many autocorrelat
 import math
 
 import numpy as np
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import pytest
+import torch
 from pyro.infer import MCMC
 
 from pyro_sgmcmc import SGHMC, SGLD, SGNHT

@@ -2,11 +2,10 @@
 
 import math
 
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import pytest
+import torch
 from pyro.infer import MCMC
 
 from pyro_sgmcmc import SGHMC, SGLD, SGNHT, DivergenceError, RobbinsMonro
@@ -49,7 +48,9 @@ def test_two_chains_with_distinct_initial_params(kernel_cls, capsys):
 def test_chains_without_initial_params_start_afresh_and_run_to_posterior():
     x, y = _data()
     pyro.set_rng_seed(1)
-    mcmc = MCMC(SGHMC(regression_model, step_size=0.02), num_samples=400, warmup_steps=400, num_chains=2, disable_progbar=True)
+    mcmc = MCMC(
+        SGHMC(regression_model, step_size=0.02), num_samples=400, warmup_steps=400, num_chains=2, disable_progbar=True
+    )
     mcmc.run(x, y)
     w = mcmc.get_samples(group_by_chain=True)["w"]
     assert not torch.equal(w[0, 0], w[1, 0])
@@ -62,7 +63,9 @@ def test_arviz_from_pyro_reads_divergences_and_posterior():
     az = pytest.importorskip("arviz")
     x, y = _data()
     pyro.set_rng_seed(2)
-    mcmc = MCMC(SGLD(regression_model, step_size=0.01), num_samples=50, warmup_steps=10, num_chains=2, disable_progbar=True)
+    mcmc = MCMC(
+        SGLD(regression_model, step_size=0.01), num_samples=50, warmup_steps=10, num_chains=2, disable_progbar=True
+    )
     mcmc.run(x, y)
     idata = az.from_pyro(mcmc, log_likelihood=False)
     assert idata.posterior["w"].shape == (2, 50, 2)
@@ -131,4 +134,12 @@ def test_logging_and_last_stats():
     kernel.setup(0, x, y)
     kernel.sample(kernel.initial_params)
     assert list(kernel.logging()) == ["step size", "lp", "div"]
-    assert set(kernel.last_stats) == {"lp", "step_size", "diverging", "temperature", "num_divergences", "kinetic_energy", "thermostat"}
+    assert set(kernel.last_stats) == {
+        "lp",
+        "step_size",
+        "diverging",
+        "temperature",
+        "num_divergences",
+        "kinetic_energy",
+        "thermostat",
+    }

@@ -13,11 +13,10 @@ Tolerance 1e-12: both sides are the same float64 expressions up to operation ord
 
 import math
 
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import pytest
+import torch
 
 from pyro_sgmcmc import SGHMC, SGLD, SGNHT
 
@@ -47,7 +46,9 @@ def test_one_step_noise_scale(float64, temperature):
     ]:
         _setup(kernel)
         state = kernel.state
-        before = state._replace(position=state.position[0], momentum=None if state.momentum is None else state.momentum[0])
+        before = state._replace(
+            position=state.position[0], momentum=None if state.momentum is None else state.momentum[0]
+        )
         drift = -before.grad[0] / NUM_DATA
         generator = kernel.generators.generators[0]  # the chain's own stream
         saved = generator.get_state()
@@ -86,7 +87,9 @@ def _trajectory(kernel_cls, temperature, num_steps=200, **kwargs):
     return torch.stack(path)
 
 
-@pytest.mark.parametrize("kernel_cls,kwargs", [(SGLD, {"step_size": 0.2}), (SGHMC, {"step_size": 0.2, "friction": 1.0})])
+@pytest.mark.parametrize(
+    "kernel_cls,kwargs", [(SGLD, {"step_size": 0.2}), (SGHMC, {"step_size": 0.2, "friction": 1.0})]
+)
 def test_noise_scales_with_sqrt_temperature_along_a_trajectory(float64, kernel_cls, kwargs):
     deterministic = _trajectory(kernel_cls, 0.0, **kwargs)
     responses = [(_trajectory(kernel_cls, t, **kwargs) - deterministic) / math.sqrt(t) for t in (0.5, 1.0, 4.0)]

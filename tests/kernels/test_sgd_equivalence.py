@@ -10,11 +10,10 @@ SGLD at T = 0 is ``SGD(lr=eps)``. Tolerance 1e-10 in float64: the two sides comp
 floating-point expressions in a different order, so differences are rounding (~1e-15 per step).
 """
 
-import pytest
-import torch
-
 import pyro
 import pyro.distributions as dist
+import pytest
+import torch
 
 from pyro_sgmcmc import SGHMC, SGLD
 

@@ -20,12 +20,11 @@ discrete value is distinguishable from the continuous-time value at this precisi
 import math
 
 import numpy as np
+import pyro
+import pyro.distributions as dist
 import pytest
 import scipy.linalg
 import torch
-
-import pyro
-import pyro.distributions as dist
 
 from pyro_sgmcmc import SGHMC, SGLD, SGNHT
 
@@ -78,7 +77,9 @@ def test_sghmc_stationary_covariance(float64, eps, friction, mass):
     A = np.array([[1 - g * b, g * a], [-b, a]])
     q = np.array([[g * c], [c]])
     exact = scipy.linalg.solve_discrete_lyapunov(A, q @ q.T)
-    kernel = SGHMC(gaussian_model, step_size=eps, temperature=TEMPERATURE, num_data=NUM_DATA, friction=friction, mass=mass)
+    kernel = SGHMC(
+        gaussian_model, step_size=eps, temperature=TEMPERATURE, num_data=NUM_DATA, friction=friction, mass=mass
+    )
     states = _run(kernel, lambda s: torch.stack([s.position[0], s.momentum[0]]))
     x, m = states[:, 0], states[:, 1]
     for series, target in [(x**2, exact[0, 0]), (m**2, exact[1, 1]), (x * m, exact[0, 1])]:
