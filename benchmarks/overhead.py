@@ -8,7 +8,7 @@ For two models, the time of one step (minibatch draw, log density, gradient, upd
 * ``direct``: ``kernel.setup(...)`` once, then ``params = kernel.sample(params)`` in a loop, with
   Pyro's distribution validation on (Pyro's default outside ``MCMC``) and off;
 * ``MCMC``: ``pyro.infer.MCMC(kernel, ...).run(...)`` with ``disable_progbar=True`` (MCMC turns
-  validation off by default), total wall time over all steps, set-up and sample storage included.
+  validation off by default), the whole run divided by its steps, set-up and sample storage included.
 
 Models:
 
@@ -22,15 +22,18 @@ Before timing, the script checks that the hand loop and the kernel take the *sam
 temperature 0 on the full data, from the same point, their trajectories agree to float32 rounding.
 The hand loop draws minibatches as the kernels do (an epoch permutation, ``B`` indices per step).
 
-Each timing is repeated (``--repeats``, interleaving the variants) and the *minimum* per-step time
-is reported, the estimate least disturbed by other processes; medians are in the JSON. A
-``cProfile`` run of ``kernel.sample`` attributes the per-step time to its parts.
+Each timing is repeated (``--repeats``, default 12, interleaving the variants). Both the CPU time of
+this process (``time.process_time``: robust when other jobs share the cores) and the wall time are
+recorded; the table shows the *minimum* per-step time over the repeats, the estimate least
+disturbed by other processes, and the JSON holds medians and every repeat. A ``cProfile`` run of
+``kernel.sample`` attributes the per-step time to its parts. ``docs/benchmarks.rst`` shows the
+results and reads them.
 
-Reproduce::
+Reproduce (about 2 minutes on an idle 2-core machine)::
 
-    python benchmarks/overhead.py --out benchmarks/overhead_results.json
+    python benchmarks/overhead.py --out overhead_results.json --rst overhead_table.rst
 
-Options: ``--steps-scale 0.1`` for a quick run, ``--threads`` (default 1).
+Options: ``--steps-scale 0.1 --repeats 3`` for a quick, rough run; ``--threads`` (default 1).
 """
 
 from __future__ import annotations

@@ -29,30 +29,36 @@ Three ways to run the same 256 chains (same start, same step size, friction, tem
     Running 256 chains x all steps this way would take minutes, so a few chains are timed for
     fewer steps and the per-step cost is multiplied by 256 (an extrapolation: reported as such).
 
-Timing. Per-step wall times come from time stamps taken after every step (through ``hook_fn`` for
-the MCMC runs), so set-up (tracing the model, drawing 256 starting points) is excluded and
-reported apart. The machine may be shared with other jobs: the ``ours`` and ``hand`` runs are
-interleaved (alternating which goes first) and repeated; a run's cost is its median step time and
-the reported cost is the best (lowest) over repeats; the ratio is also given per adjacent pair of
-runs (median over pairs), which cancels slow drifts in the background load. Everything is done
-for each ``--threads`` value (``torch.set_num_threads``).
+Timing. Per-step times come from time stamps taken after every step (through ``hook_fn`` for the
+MCMC runs), so set-up (tracing the model, checking 256 starting points) is excluded and reported
+apart; the first 5 steps of every run are not timed. Every stamp holds the wall clock and the CPU
+time of the process: on a shared machine the CPU time (at one thread) is the better estimate of the
+idle wall time. The ``ours`` and ``hand`` runs are interleaved (alternating which goes first) and
+repeated; a run's cost is its median step and the reported cost is the best over repeats; the
+ratio is also given per adjacent pair of runs (median over pairs), which cancels slow drifts in
+the background load. Everything is done for each ``--threads`` value (``torch.set_num_threads``).
 
-Profiling (``--profile``, on by default): a component breakdown of one vectorised step (noise,
-SGHMC update, minibatch indices, Pyro model + vmap + autograd, finite check) with the matching
-pieces of the hand loop and a vmap-without-Pyro variant, cProfile totals by library (Pyro's trace
-machinery, torch.distributions, functorch's Python layer, torch kernels) and the top operators
+Profiling (on by default, ``--no-profile`` to skip), at the first ``--threads`` value: CPU time of
+the pieces of one step (noise, SGHMC update, minibatch indices, Pyro model + vmap + autograd,
+divergence check, the prior and the likelihood the Pyro way and the plain way, the fixed cost at
+2 chains) next to the matching pieces of the hand loop and of a vmap-without-Pyro variant;
+cProfile totals by library and cumulative times of the functions in question; the top operators
 under ``torch.profiler`` for both sides.
 
-PROTOTYPES (``--prototypes``, on by default) are *not* package code: they show what a change to
-``pyro_sgmcmc/`` would buy, by timing the package's step with one piece swapped:
-``fused-update`` (in-place SGHMC update), ``cheap-finite`` (``isfinite(grad.sum(-1))`` instead of
-``isfinite(grad).all(-1)``) and ``no-finite`` (no check at all: the lower bound).
+PROTOTYPES (on by default, ``--no-prototypes`` to skip) are *not* package code: they show what a
+change to ``pyro_sgmcmc/`` would buy, by timing the package's step with pieces swapped
+(:class:`PrototypeStep`): ``cheap-finite`` (``isfinite(U + grad.sum(-1))`` instead of
+``isfinite(U) & isfinite(grad).all(-1)``), ``fused-update`` (the SGHMC update with in-place ops
+on a new momentum tensor), ``split-unpack`` (``position.split`` in ``log_density`` instead of one
+slice per site) and all three; each must reproduce the package's trajectory.
 
 Run it::
 
-    python benchmarks/vectorized_chains.py                    # ~4-6 minutes on 2 cores
+    python benchmarks/vectorized_chains.py                    # 4-12 minutes on 2 cores, by load
     python benchmarks/vectorized_chains.py --tiny             # seconds, smoke test only
-    python benchmarks/vectorized_chains.py --threads 1 --repeats 5
+    python benchmarks/vectorized_chains.py --threads 1 --repeats 7 --steps 100 --no-profile --no-prototypes
+
+The results, the machine and the reading are in ``docs/benchmarks_vectorized.rst``.
 
 Results: a table on stdout and JSON in ``--out`` (default
 ``benchmarks/results/vectorized_chains.json``).

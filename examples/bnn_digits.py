@@ -15,7 +15,7 @@ by test accuracy and test negative log-likelihood (NLL: mean over images of ``-l
 
 Run it::
 
-    python examples/bnn_digits.py            # about 3 minutes on an idle 2-core machine
+    python examples/bnn_digits.py            # 2-3 minutes on a 2-core machine
     python examples/bnn_digits.py --tiny     # a few seconds, smoke test only
 
 The pattern that keeps the weights global
@@ -82,7 +82,8 @@ units, 0.973 / 0.104 and 0.971 / 0.132; 64 hidden units, 0.964 / 0.091 and 0.978
 N(0, 1) prior is a choice, not a recommendation; a prior scaled to the layer width
 (``--prior-scale``) is a natural next try.
 
-Cost: a step costs about 2.1-3.1 ms of CPU (measured under load), 70,000 steps in all.
+Cost: 70,000 steps in all, 1.8-2.3 ms of CPU each; measured end to end, 2 min 36 s on the 2-core
+machine with one or two other jobs running.
 
 Results are written as JSON to ``--out`` (default ``bnn_digits_results.json``).
 """

@@ -16,12 +16,12 @@ units of the NUTS standard deviation.
 
 Run it::
 
-    python examples/quickstart.py              # about 2 minutes on an idle 2-core machine
+    python examples/quickstart.py              # 2-3 minutes on a 2-core machine
     python examples/quickstart.py --tiny       # a few seconds, smoke test only
 
 Settings and what to expect
 ---------------------------
-``step_size=0.1, friction=1.0, B=128``, 5,000 warmup (burn-in) steps and 70,000 draws, against
+``step_size=0.1, friction=1.0, B=128``, 4,000 warmup (burn-in) steps and 60,000 draws, against
 NUTS with a dense mass matrix (``full_mass=True``, JIT-compiled), 500 warmup steps and 1,000
 draws. The default run (``--seed 0``) prints::
 
@@ -29,27 +29,31 @@ draws. The default run (``--seed 0``) prints::
     --------------------------------------------------------------------------
     b                   0.000     0.035     -0.001    0.034    +0.03      1.03
     sigma               0.706     0.025      0.705    0.025    +0.05      0.97
-    w[0] (age)         -0.006     0.038     -0.007    0.038    +0.04      1.01
-    w[1] (sex)         -0.147     0.039     -0.147    0.039    +0.00      0.99
-    w[2] (bmi)          0.322     0.042      0.321    0.042    +0.02      1.00
+    w[0] (age)         -0.005     0.038     -0.007    0.038    +0.04      1.01
+    w[1] (sex)         -0.147     0.039     -0.147    0.039    +0.01      0.99
+    w[2] (bmi)          0.322     0.042      0.321    0.042    +0.03      1.00
     w[3] (bp)           0.199     0.042      0.200    0.039    -0.03      1.06
-    w[4] (s1)          -0.462     0.240     -0.434    0.235    -0.12      1.03
-    w[5] (s2)           0.272     0.194      0.251    0.191    +0.11      1.02
-    w[6] (s3)           0.052     0.127      0.037    0.120    +0.12      1.06
-    w[7] (s4)           0.107     0.100      0.102    0.101    +0.05      0.99
-    w[8] (s5)           0.453     0.100      0.444    0.098    +0.09      1.01
-    w[9] (s6)           0.043     0.041      0.042    0.040    +0.04      1.03
+    w[4] (s1)          -0.449     0.247     -0.434    0.235    -0.07      1.05
+    w[5] (s2)           0.261     0.198      0.251    0.191    +0.05      1.04
+    w[6] (s3)           0.047     0.130      0.037    0.120    +0.08      1.08
+    w[7] (s4)           0.107     0.101      0.102    0.101    +0.05      1.00
+    w[8] (s5)           0.447     0.101      0.444    0.098    +0.04      1.03
+    w[9] (s6)           0.043     0.041      0.042    0.040    +0.03      1.04
 
-The means agree to 0.12 NUTS standard deviations or better, and the standard deviations to 6%.
-Other seeds give other differences of the same size: the differences of the collinear weights
-``s1``...``s5`` are Monte Carlo error, since their effective sample size is only 70-300 out of the
-70,000 draws (see the printed summary); the other parameters have effective sample sizes of 3,000
-or more. Before choosing these settings, a NumPy re-implementation of this update (16 chains
-per setting) gave mean absolute differences of 0.05 NUTS sd on average over the parameters and
-0.11 for the worst one, with standard deviations at most 12% too wide.
+The means agree to 0.08 NUTS standard deviations or better, and the standard deviations to 8%.
+The differences of the collinear weights ``s1``...``s5`` are Monte Carlo error: their effective
+sample size is only 60-220 out of the 60,000 draws (see the printed summary), so the standard error
+of their means is about 0.07-0.13 NUTS sd, and another seed can give differences of that size
+(with 70,000 draws and 5,000 warmup steps, seed 0 gave a largest difference of 0.12). Their
+standard deviations are estimated from as few effective draws: ``--seed 1`` gave a largest mean
+difference of 0.04 but sd ratios of 0.84-0.89 for ``s1``, ``s2``, ``s3`` and ``s5`` (and 0.96-1.08
+for the rest). The other parameters have effective sample sizes near 3,000 in the thinned summary. Before choosing these
+settings, a NumPy re-implementation of this update (16 chains per setting, 70,000 draws) gave mean
+absolute differences of 0.05 NUTS sd on average over the parameters and 0.11 for the worst one,
+with standard deviations at most 12% too wide.
 
-Why these numbers. The posterior is badly conditioned: the six blood-serum features are strongly
-collinear, so the curvature of the mean negative log-likelihood ranges from about 0.02 to about 8
+Why these numbers. The posterior is badly conditioned: the blood-serum features ``s1``...``s5`` are
+strongly collinear, so the curvature of the mean negative log-likelihood ranges from about 0.02 to about 8
 across directions. ``step_size`` is an SGD learning rate on that mean (see ``docs/conventions.rst``),
 and with ``friction=1`` the slow directions move like SGLD with step ``step_size / friction``, so
 they relax in about ``1 / (0.1 * 0.02) = 500`` steps: that, not the cost of a step, is why the run
@@ -60,11 +64,11 @@ faster, but the minibatch gradient noise, whose variance relative to the injecte
 re-implementation, ``step_size=0.2`` (same friction and batch) made the sds of ``b`` and ``sigma``
 about 20% too wide, and ``B=64`` with ``step_size=0.1`` about 25%.
 
-Cost. One SGHMC step costs about 1.4 ms of CPU here (measured on an idle machine; 2.2 ms under
-load), almost all of it Pyro tracing and PyTorch overhead on this tiny model (see
-``docs/benchmarks.rst``), so the 75,000 steps take about 105 s; NUTS on all 442 rows takes about
-10 s. One torch thread is as fast as two for these tiny tensors (measured), and does not compete
-with other jobs for the second core.
+Cost. One SGHMC step costs 1.5-2 ms of CPU here, almost all of it Pyro tracing and PyTorch
+overhead on this tiny model (see ``docs/benchmarks.rst``); NUTS on all 442 rows takes 10-15 s.
+Measured end to end: 2 min 17 s of CPU time, 3 min 17 s of wall time with two other jobs
+competing for the two cores. One torch thread is as fast as two for these tiny tensors
+(measured), and leaves the second core to other work.
 
 The results are written as JSON to ``--out`` (default ``quickstart_results.json`` in the
 current directory).
@@ -159,8 +163,8 @@ def print_table(rows):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-samples", type=int, default=70_000, help="SGHMC draws kept (default 70000)")
-    parser.add_argument("--warmup-steps", type=int, default=5_000, help="SGHMC burn-in steps (default 5000)")
+    parser.add_argument("--num-samples", type=int, default=60_000, help="SGHMC draws kept (default 60000)")
+    parser.add_argument("--warmup-steps", type=int, default=4_000, help="SGHMC burn-in steps (default 4000)")
     parser.add_argument("--nuts-samples", type=int, default=1_000, help="NUTS draws (default 1000)")
     parser.add_argument("--nuts-warmup", type=int, default=500, help="NUTS warmup steps (default 500)")
     parser.add_argument("--nuts-max-tree-depth", type=int, default=10, help="NUTS max tree depth (default 10)")
@@ -200,7 +204,7 @@ def main(argv=None):
         f"({1e6 * sghmc_cpu / steps:.0f} CPU us/step)"
     )
     sghmc_samples = mcmc.get_samples()
-    # mcmc.summary() would print the same table from all 70,000 draws, but Pyro's effective sample
+    # mcmc.summary() would print the same table from all 60,000 draws, but Pyro's effective sample
     # size allocates O(num_samples^2) memory per parameter (tens of GB here), so the table is
     # computed from every 10th draw. (pyro_sgmcmc.MCMC(..., thinning=10) thins while sampling.)
     by_chain = mcmc.get_samples(group_by_chain=True)  # (1 chain, num_samples, ...)
