@@ -41,10 +41,9 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
 import pyro
 import pyro.distributions as dist
+import torch
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoLaplaceApproximation
 from pyro.infer.autoguide.initialization import init_to_sample

@@ -42,15 +42,14 @@ import json
 import time
 from pathlib import Path
 
-import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-
 import pyro
 import pyro.distributions as dist
+import torch
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide.initialization import init_to_sample, init_to_value
 from pyro.nn import PyroModule, PyroSample
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 from pyro_sgmcmc.guides import AutoLaplace
 
