@@ -543,7 +543,7 @@ class LaplaceApproximation(AutoContinuous):
         """The approximation as prior distributions ``{site: distribution}`` in constrained space.
 
         Each site gets its own marginal: ``Normal(mean, sd).to_event(k)`` over the unconstrained
-        value (``MultivariateNormal`` over the site's block for a dense precision, reshaped to the
+        value, ``k`` the site's own event dimension (so its plate dimensions stay batch dimensions) (``MultivariateNormal`` over the site's block for a dense precision, reshaped to the
         site's shape), pushed through ``biject_to(support)`` for constrained sites. Correlations
         *between* sites are dropped. Use them in the next task's model, e.g.
         ``pyro.sample("w", priors["w"])`` or ``PyroSample(priors["layer.weight"])``.
@@ -556,7 +556,8 @@ class LaplaceApproximation(AutoContinuous):
             shape = self._unconstrained_shapes[name]
             if covariance is None:
                 base = dist.Normal(loc[where].reshape(shape).clone(), scale[where].reshape(shape).clone())
-                base = base.to_event(len(shape))
+                # the site's own event dims (in unconstrained space): its plate dims stay batch dims
+                base = base.to_event(site["fn"].event_dim + len(shape) - site["value"].dim())
             else:
                 block = covariance[where, where].clone()
                 base = dist.MultivariateNormal(loc[where].clone(), covariance_matrix=0.5 * (block + block.T))
