@@ -9,7 +9,8 @@ chain means :math:`\\bar f_{mk}`, superchain means :math:`\\bar f_k` and overall
 .. math::
     B &= \\frac{1}{K - 1} \\sum_k (\\bar f_k - \\bar f)^2, \\\\
     \\tilde B_k &= \\frac{1}{M - 1} \\sum_m (\\bar f_{mk} - \\bar f_k)^2 \\quad (0 \\text{ if } M = 1), \\\\
-    \\tilde W_k &= \\frac{1}{M} \\sum_m \\frac{1}{N - 1} \\sum_n (f_{nmk} - \\bar f_{mk})^2 \\quad (0 \\text{ if } N = 1), \\\\
+    \\tilde W_k &= \\frac{1}{M} \\sum_m \\frac{1}{N - 1} \\sum_n (f_{nmk} - \\bar f_{mk})^2
+        \\quad (0 \\text{ if } N = 1), \\\\
     W &= \\frac{1}{K} \\sum_k (\\tilde B_k + \\tilde W_k), \\qquad
     \\hat R_\\nu = \\sqrt{1 + B / W}.
 
@@ -62,8 +63,9 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
     threshold :math:`\\sqrt{1 + 1/M + \\tau}` with :math:`\\tau = 10^{-4}`
     (:func:`nested_rhat_threshold`). Both describe the *expected* value for mixed chains; with few
     superchains ``B`` is itself noisy (about :math:`\\sigma^2 \\chi^2_{K-1} / ((K-1) M)`), so use
-    ``K`` of 8 or more and read values just above the threshold with that spread in mind. Values well above it (e.g. 1.2) mean the superchains have not
-    forgotten their starting points: more warmup, or a bigger step size, is needed.
+    ``K`` of 8 or more and read values just above the threshold with that spread in mind. Values
+    well above it (e.g. 1.2) mean the superchains have not forgotten their starting points: more
+    warmup, or a bigger step size, is needed.
 
     Examples
     --------

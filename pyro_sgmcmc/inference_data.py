@@ -87,7 +87,8 @@ def to_inference_data(
 
     if not isinstance(mcmc.kernel, SGMCMCKernel):
         raise TypeError(
-            f"to_inference_data needs a run of an SG-MCMC kernel (SGLD, SGHMC, SGNHT); got a {type(mcmc.kernel).__name__} run"
+            "to_inference_data needs a run of an SG-MCMC kernel (SGLD, SGHMC, SGNHT); "
+            f"got a {type(mcmc.kernel).__name__} run"
         )
     kernel = mcmc.kernel
     potential = getattr(kernel, "potential", None)

@@ -174,7 +174,8 @@ disable_validation, transforms, save_params :
             return
         if not isinstance(kernel, SGMCMCKernel):
             raise ValueError(
-                f"chain_method='vectorized' needs a pyro_sgmcmc kernel (SGLD, SGHMC, SGNHT); got {type(kernel).__name__}"
+                "chain_method='vectorized' needs a pyro_sgmcmc kernel (SGLD, SGHMC, SGNHT); "
+                f"got {type(kernel).__name__}"
             )
         # The parts of pyro.infer.MCMC's state that its methods (get_samples, summary, diagnostics) read.
         self.kernel = kernel

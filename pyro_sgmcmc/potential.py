@@ -192,7 +192,8 @@ class ModelPotential:
             expected = tuple(batch_shape) + tuple(site.unconstrained_shape)
             if tuple(value.shape) != expected:
                 raise ValueError(
-                    f"initial_params[{site.name!r}] must have the unconstrained shape {expected}; got {tuple(value.shape)}"
+                    f"initial_params[{site.name!r}] must have the unconstrained shape {expected}; "
+                    f"got {tuple(value.shape)}"
                 )
             parts.append(value.reshape(tuple(batch_shape) + (site.numel,)))
         return torch.cat(parts, dim=-1)

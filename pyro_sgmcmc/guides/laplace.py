@@ -543,8 +543,9 @@ class LaplaceApproximation(AutoContinuous):
         """The approximation as prior distributions ``{site: distribution}`` in constrained space.
 
         Each site gets its own marginal: ``Normal(mean, sd).to_event(k)`` over the unconstrained
-        value, ``k`` the site's own event dimension (so its plate dimensions stay batch dimensions) (``MultivariateNormal`` over the site's block for a dense precision, reshaped to the
-        site's shape), pushed through ``biject_to(support)`` for constrained sites. Correlations
+        value, ``k`` the site's own event dimension, so its plate dimensions stay batch dimensions
+        (``MultivariateNormal`` over the site's block for a dense precision, reshaped to the site's
+        shape), pushed through ``biject_to(support)`` for constrained sites. Correlations
         *between* sites are dropped. Use them in the next task's model, e.g.
         ``pyro.sample("w", priors["w"])`` or ``PyroSample(priors["layer.weight"])``.
         """

@@ -386,7 +386,8 @@ class SGMCMCKernel(MCMCKernel):
         if initial_params is not None:
             if not isinstance(initial_params, Mapping):
                 raise TypeError(
-                    f"initial_params must be a dict {{site name: unconstrained tensor}}; got {type(initial_params).__name__}"
+                    "initial_params must be a dict {site name: unconstrained tensor}; "
+                    f"got {type(initial_params).__name__}"
                 )
             leading = set()
             for name, value in initial_params.items():

@@ -80,7 +80,10 @@ def test_conjugate_linear_regression_with_subsampling(float64, name):
     mean_se = _batch_means_se(draws)
     sd_rel_se = _batch_means_se((draws - est_mean) ** 2) / (2 * est_sd**2)  # delta method: se(s)/s = se(s^2)/(2 s^2)
     mean, sd = mean.numpy(), sd.numpy()
-    report = f"mean error / sd {(est_mean - mean) / sd}, sd ratio {est_sd / sd}, mean SE / sd {mean_se / sd}, sd rel SE {sd_rel_se}"
+    report = (
+        f"mean error / sd {(est_mean - mean) / sd}, sd ratio {est_sd / sd}, "
+        f"mean SE / sd {mean_se / sd}, sd rel SE {sd_rel_se}"
+    )
     assert np.all(mean_se < 0.025 * sd), report  # the 0.1-sd bound is at least 4 Monte Carlo SE wide
     assert np.all(sd_rel_se < 0.025), report
     assert np.all(np.abs(est_mean - mean) < 0.1 * sd), report
