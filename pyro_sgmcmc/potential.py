@@ -149,7 +149,8 @@ class ModelPotential:
 
         # Built once: the model with latent values substituted from a dict refilled in place.
         self._values: Dict[str, torch.Tensor] = {}
-        self._conditioned_model = poutine.condition(model, data=self._values)
+        # Normal priors of the latent sites are evaluated in a cheaper but equal form (_FastNormalPriors).
+        self._conditioned_model = _FastNormalPriors(self.site_names)(poutine.condition(model, data=self._values))
         self._batched_fn = None
         self._vectorizable = True
 
@@ -307,6 +308,93 @@ class ModelPotential:
             f"could not find an initial point with finite potential and gradient in {max_tries} draws "
             "of init_strategy; check the model or pass initial_params"
         )
+
+
+# ---------------------------------------------------------------------- fast Normal priors
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+_functorch = torch._C._functorch
+
+
+class _StandardNormalForm:
+    """Stands in for a (possibly ``Independent``) ``Normal`` at a latent site in the trace.
+
+    .. math:: \\log p(x) = -\\tfrac12 \\sum_e \\Big(\\frac{x_e - \\mu_e}{\\sigma_e}\\Big)^2
+              - \\sum_e \\big(\\log \\sigma_e + \\tfrac12 \\log 2\\pi\\big)
+
+    summed over the ``event_dims`` rightmost axes: the same value as ``Normal.log_prob`` (to round-off).
+    Constant parameters (the usual fixed prior) make it cheap under :func:`torch.func.vmap`: the
+    normaliser is computed on the unbatched parameters, a zero mean skips the subtraction and a unit
+    scale the division, so the batched work is one square and one sum. Only ``log_prob`` (all that
+    :meth:`pyro.poutine.Trace.log_prob_sum` calls) and the shapes are provided.
+    """
+
+    def __init__(self, fn, loc: torch.Tensor, scale: torch.Tensor, event_dims: int) -> None:
+        self.base = fn
+        self.batch_shape = fn.batch_shape
+        self.event_shape = fn.event_shape
+        self.loc, self.scale, self.event_dims = loc, scale, event_dims
+        shape = fn.batch_shape + fn.event_shape
+        self._skip_loc = _is_constant(loc) and bool((loc == 0).all())
+        self._skip_scale = _is_constant(scale) and bool((scale == 1).all())
+        log_normaliser = (scale.log() + _HALF_LOG_2PI).expand(shape)
+        self._log_normaliser = log_normaliser.sum(tuple(range(-event_dims, 0))) if event_dims else log_normaliser
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        standardised = value if self._skip_loc else value - self.loc
+        if not self._skip_scale:
+            standardised = standardised / self.scale
+        square = standardised * standardised
+        if self.event_dims:
+            square = square.sum(tuple(range(-self.event_dims, 0)))
+        return -0.5 * square - self._log_normaliser
+
+
+def _is_constant(tensor: torch.Tensor) -> bool:
+    """True for a tensor that depends on no input of the evaluation: it is not differentiated at any
+    level and carries no vmapped (chain) dimension (tensors made inside :func:`torch.func.grad` are
+    wrapped for it but do not require grad)."""
+    while True:
+        if tensor.requires_grad or _functorch.is_batchedtensor(tensor):
+            return False
+        if not _functorch.is_functorch_wrapped_tensor(tensor):
+            return True
+        tensor = _functorch.get_unwrapped(tensor)
+
+
+class _FastNormalPriors(Messenger):
+    """Swap the ``Normal`` prior of each named latent site for :class:`_StandardNormalForm`.
+
+    Only ``Normal`` and ``Independent(... Normal)`` with plain ``log_prob`` arguments are swapped;
+    every other distribution is left as it is. A site whose distribution object is the same as at
+    the previous call (a ``PyroSample`` prior built once) reuses the previous stand-in.
+    """
+
+    def __init__(self, site_names) -> None:
+        super().__init__()
+        self.site_names = frozenset(site_names)
+        self._cache: Dict[str, tuple] = {}
+
+    def _pyro_sample(self, msg) -> None:
+        if msg["name"] not in self.site_names or msg["args"] or msg["kwargs"]:
+            return
+        fn = msg["fn"]
+        cached = self._cache.get(msg["name"])
+        if cached is not None and cached[0] is fn:
+            msg["fn"] = cached[1]
+            return
+        base, event_dims = fn, 0
+        while isinstance(base, torch.distributions.Independent):
+            event_dims += base.reinterpreted_batch_ndims
+            base = base.base_dist
+        if type(base) not in _NORMALS:
+            return
+        fast = _StandardNormalForm(fn, base.loc, base.scale, event_dims)
+        if _is_constant(base.loc) and _is_constant(base.scale):
+            self._cache[msg["name"]] = (fn, fast)
+        msg["fn"] = fast
+
+
+_NORMALS = (torch.distributions.Normal, pyro.distributions.Normal)
 
 
 # ---------------------------------------------------------------------- trace inspection
