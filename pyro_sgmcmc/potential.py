@@ -97,6 +97,15 @@ class ModelPotential:
         likelihood terms: over observed sites, the largest product of the *full* sizes of the
         plates around the site (for the usual ``pyro.plate("data", N, subsample_size=B)`` model,
         ``N``). A model with no plate around its observations has ``N = 1``.
+    jit_compile : bool
+        Compile the single-chain potential with :func:`torch.jit.trace` on its first minibatch
+        evaluation (as ``pyro.infer.HMC(jit_compile=True)`` does): the Pyro machinery (tracing,
+        handlers, transforms) runs once, later steps replay the recorded tensor operations, several
+        times faster for small models. The model must take the same path of Python control flow at
+        every evaluation (no branching on latent values or data); the compiled function is checked
+        against the plain one at two points and dropped, with a warning, if they disagree or if
+        tracing fails. Vectorised chains (:meth:`batched_potential_and_grad` with more than one
+        chain) use :func:`torch.func.vmap` instead and ignore this flag.
 
     Examples
     --------
@@ -119,8 +128,14 @@ class ModelPotential:
         *,
         init_strategy: Callable = init_to_uniform,
         num_data: Optional[int] = None,
+        jit_compile: bool = False,
     ) -> None:
+        if not isinstance(jit_compile, bool):
+            raise TypeError(f"jit_compile must be True or False; got {jit_compile!r}")
         self.model = model
+        self.jit_compile = jit_compile
+        self._jitted: Optional[Callable] = None  # the compiled potential, once traced
+        self._jit_failed = False
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
@@ -233,6 +248,10 @@ class ModelPotential:
         self, position: torch.Tensor, indices: Optional[Mapping[str, torch.Tensor]] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return ``(U(z), dU/dz)`` for one chain, both detached; ``U = -log_density``."""
+        if self.jit_compile and indices is not None and len(indices) == len(self.subsample_plates):
+            compiled = self._jitted if self._jitted is not None else self._compile(position, indices)
+            if compiled is not None:
+                return _value_and_grad(compiled, position, [indices[p.name] for p in self.subsample_plates])
         with torch.enable_grad():
             z = position.detach().requires_grad_(True)
             potential = -self.log_density(z, indices)
@@ -277,6 +296,41 @@ class ModelPotential:
     def _potential(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return -self.log_density(position, indices)
 
+    def _compile(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> Optional[Callable]:
+        """Trace the single-chain potential with :func:`torch.jit.trace` (once); check it at the
+        example point and at a moved point with other indices; ``None`` (and a warning) on failure."""
+        if self._jit_failed:
+            return None
+        names = [plate.name for plate in self.subsample_plates]
+
+        def potential(z, *plate_indices):
+            return -self.log_density(z, dict(zip(names, plate_indices)))
+
+        example = [indices[name] for name in names]
+        try:
+            with pyro.validation_enabled(False), warnings.catch_warnings(), torch.enable_grad():
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                compiled = torch.jit.trace(
+                    potential, (position.detach().requires_grad_(True), *example), check_trace=False
+                )
+            moved = position.detach() + 0.01 * torch.linspace(-1, 1, position.numel(), dtype=position.dtype)
+            for z, plate_indices in ((position, example), (moved, [i.flip(0) for i in example])):
+                expected = _value_and_grad(potential, z, plate_indices)
+                got = _value_and_grad(compiled, z, plate_indices)
+                for a, b in zip(expected, got):
+                    if not torch.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True):
+                        raise RuntimeError("the compiled potential disagrees with the model at a second point")
+        except Exception as error:  # any tracing failure: fall back to the plain potential
+            self._jit_failed = True
+            warnings.warn(
+                f"jit_compile=True: could not compile the model's potential ({str(error).splitlines()[0]}); "
+                "running without compilation",
+                RuntimeWarning,
+            )
+            return None
+        self._jitted = compiled
+        return compiled
+
     # ------------------------------------------------------------------ initialisation
     def initial_position(
         self,
@@ -308,6 +362,17 @@ class ModelPotential:
             f"could not find an initial point with finite potential and gradient in {max_tries} draws "
             "of init_strategy; check the model or pass initial_params"
         )
+
+
+def _value_and_grad(potential: Callable, position: torch.Tensor, plate_indices) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(U(z), dU/dz)``, detached, for a single-chain potential ``U(z, *plate_indices)``."""
+    with torch.enable_grad():
+        z = position.detach().requires_grad_(True)
+        value = potential(z, *plate_indices)
+        (grad,) = torch.autograd.grad(value, z, allow_unused=True)
+    if grad is None:
+        grad = torch.zeros_like(position)
+    return value.detach().to(position.dtype), grad
 
 
 # ---------------------------------------------------------------------- fast Normal priors

@@ -5,6 +5,7 @@ import math
 import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
+import pytest
 import torch
 from pyro.infer.autoguide.initialization import init_to_mean, init_to_value
 
@@ -193,3 +194,55 @@ def test_fast_normal_priors_equal_pyro_log_prob():
     trace = poutine.trace(potential._conditioned_model).get_trace(x, y)
     swapped = {name for name, node in trace.nodes.items() if isinstance(node.get("fn"), _StandardNormalForm)}
     assert swapped == {"m", "w", "v"}
+
+
+# ---------------------------------------------------------------------- jit_compile
+def test_jit_compile_matches_the_plain_potential():
+    """The traced potential replays the same operations: same value and gradient (float32 round-off)
+    at points and minibatches other than the one it was traced with."""
+    torch.manual_seed(1)
+    x = torch.randn(100, 2)
+    y = x @ torch.tensor([0.5, -1.0]) + 0.3 * torch.randn(100)
+
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+        sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+        with pyro.plate("data", 100, subsample_size=10) as i:
+            pyro.sample("y", dist.Normal(x[i] @ w, sigma), obs=y[i])
+
+    plain = ModelPotential(model, (x, y))
+    compiled = ModelPotential(model, (x, y), jit_compile=True)
+    for trial in range(4):
+        z = torch.randn(plain.dim)
+        indices = {"data": torch.randperm(100)[:10]}
+        expected, got = plain.potential_and_grad(z, indices), compiled.potential_and_grad(z, indices)
+        assert compiled._jitted is not None  # really compiled
+        assert torch.allclose(got[0], expected[0], rtol=1e-5)
+        assert torch.allclose(got[1], expected[1], rtol=1e-5, atol=1e-5)
+
+
+def test_jit_compile_falls_back_with_a_warning_on_value_dependent_control_flow():
+    """A model that branches on a latent value cannot be traced faithfully: the check at a second
+    point (which crosses the branch here) catches it, warns, and the plain potential is used."""
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        shift = 1.0 if float(mu) > 0 else -1.0  # Python branch on a latent value
+        with pyro.plate("data", len(y), subsample_size=2) as i:
+            pyro.sample("y", dist.Normal(mu + shift, 1.0), obs=y[i])
+
+    y = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    compiled = ModelPotential(model, (y,), jit_compile=True)
+    plain = ModelPotential(model, (y,))
+    indices = {"data": torch.tensor([0, 1])}
+    with pytest.warns(RuntimeWarning, match="jit_compile"):
+        got = compiled.potential_and_grad(torch.tensor([0.004]), indices)
+    assert compiled._jitted is None
+    assert torch.allclose(got[0], plain.potential_and_grad(torch.tensor([0.004]), indices)[0])
+    below = torch.tensor([-0.5])  # the other branch: must use the plain potential
+    assert torch.allclose(compiled.potential_and_grad(below, indices)[0], plain.potential_and_grad(below, indices)[0])
+
+
+def test_jit_compile_must_be_a_bool():
+    with pytest.raises(TypeError, match="jit_compile"):
+        ModelPotential(lambda: None, jit_compile="yes")
