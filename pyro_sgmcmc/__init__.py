@@ -11,6 +11,7 @@ from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, SGMCMCKernel, SGMCMCSt
 from .mcmc import MCMC
 from .potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
+from .uncertainty import UncertaintyDecomposition, decompose_uncertainty
 
 __version__ = "0.1.0"
 
@@ -31,4 +32,6 @@ __all__ = [
     "Constant",
     "RobbinsMonro",
     "make_schedule",
+    "decompose_uncertainty",
+    "UncertaintyDecomposition",
 ]

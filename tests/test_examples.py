@@ -111,7 +111,39 @@ def check_double_well(results: dict) -> None:
     assert Path(results["png"]).name == "double_well.png" and Path(results["png"]).stat().st_size > 10_000
 
 
-CHECKS = {"quickstart": check_quickstart, "bnn_digits": check_bnn_digits, "double_well": check_double_well}
+def check_ood_detection(results: dict) -> None:
+    assert results["config"]["tiny"] is True
+    data = results["data"]
+    assert data["in_classes"] == [0, 1, 2, 3, 4, 5] and data["out_classes"] == [6, 7, 8, 9]
+    assert data["num_test_in"] > 0 and data["num_test_out"] > 0
+    methods = ["MAP / SGD", "deep ensemble", "serial SGHMC", "parallel SGHMC"]
+    (seed_results,) = results["per_seed"]
+    assert list(seed_results) == methods and list(results["summary"]) == methods
+    for method, row in seed_results.items():
+        assert 0.0 <= row["accuracy"] <= 1.0 and _finite(row["nll"]) and row["nll"] > 0, method
+        assert 0.0 <= row["auroc_total"] <= 1.0, method
+        assert row["divergences"] == 0, method
+        # the decomposition: aleatoric + epistemic = total, epistemic >= 0 (means over the images)
+        for side in ("in", "out"):
+            total, aleatoric, epistemic = (row[f"mean_{k}_{side}"] for k in ("total", "aleatoric", "epistemic"))
+            assert math.isclose(total, aleatoric + epistemic, rel_tol=1e-5, abs_tol=1e-6), (method, side)
+            assert epistemic >= 0.0
+    # one network has no epistemic uncertainty; an ensemble of draws does
+    assert seed_results["MAP / SGD"]["num_draws"] == 1 and seed_results["MAP / SGD"]["auroc_epistemic"] is None
+    assert seed_results["MAP / SGD"]["mean_epistemic_in"] == 0.0
+    for method in methods[1:]:
+        assert seed_results[method]["num_draws"] >= 2 and 0.0 <= seed_results[method]["auroc_epistemic"] <= 1.0
+        assert seed_results[method]["mean_epistemic_in"] > 0.0
+    assert Path(results["png"]).name == "ood_detection.png" and Path(results["png"]).stat().st_size > 10_000
+    assert (Path(results["png"]).parent / "ood_detection.md").read_text().count("|") > 20
+
+
+CHECKS = {
+    "quickstart": check_quickstart,
+    "bnn_digits": check_bnn_digits,
+    "double_well": check_double_well,
+    "ood_detection": check_ood_detection,
+}
 
 
 def test_examples_found():
