@@ -89,4 +89,6 @@ def test_conjugate_linear_regression_with_subsampling(float64, name):
     assert np.all(np.abs(est_mean - mean) < 0.1 * sd), report
     assert np.all(np.abs(est_sd / sd - 1) < 0.10), report
     print(name, report)
-    assert mcmc.diagnostics()["divergences"]["chain 0"] == []
+    # The kernel's Pyro diagnostics (what mcmc.diagnostics() and arviz.from_pyro read). Not
+    # mcmc.diagnostics() itself: on 90,000 draws Pyro's ESS asks for O(n^2) memory (32 GB).
+    assert kernel.diagnostics()["divergences"] == []
