@@ -102,6 +102,7 @@ def worker(args) -> None:
         Path(args.out).write_text(
             json.dumps({"wall": float(gathered[0][0]), "cpu": max(float(t[1]) for t in gathered), "world": world})
         )
+    dist.barrier()  # everyone is done before the group goes away
     dist.destroy_process_group()
 
 

@@ -525,4 +525,5 @@ def _launched(rank, fn, args, world_size, port, backend, num_threads, collective
     init_distributed(backend, collective_timeout)
     result = fn(*args)
     torch.save(result, Path(out) / f"rank{rank}.pt")
+    dist.barrier()  # every rank is done before the group goes away
     dist.destroy_process_group()
