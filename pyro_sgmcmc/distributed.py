@@ -527,3 +527,19 @@ def _launched(rank, fn, args, world_size, port, backend, num_threads, collective
     torch.save(result, Path(out) / f"rank{rank}.pt")
     dist.barrier()  # every rank is done before the group goes away
     dist.destroy_process_group()
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Leave the process at once, skipping interpreter finalisation.
+
+    With torch 2.13 and gloo, a process that used collectives sometimes aborts *while the
+    interpreter shuts down* (``terminate called without an active exception``, SIGABRT, no Python
+    frame), after its work is done and the group destroyed; the launcher would report a failed
+    rank. Everything worth keeping is written and flushed before this call.
+    """
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -15,6 +15,7 @@ A second launch checks the failure behaviour: a rank that raises stops the whole
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -142,6 +143,12 @@ def data_parallel_job():
                 disable_progbar=True)  # fmt: skip
     mcmc.run(x_shard, y_shard, BATCH // 2)
     out["w"] = mcmc.get_samples(group_by_chain=True)["w"]
+    idata = to_inference_data(mcmc, log_likelihood=True)  # this rank's shard of the data
+    out["idata"] = {
+        "log_likelihood": idata.log_likelihood["y"].values,
+        "observed": idata.observed_data["y"].values,
+        "w": idata.posterior["w"].values,
+    }
     # The replicas must agree on the seed: a rank-dependent seed is refused with a clear error.
     other = MCMC(data_parallel(SGLD(regression_model, step_size=0.01)), num_samples=1, warmup_steps=0,
                  chain_method="vectorized", seed=torch.distributed.get_rank(), disable_progbar=True)  # fmt: skip
@@ -235,6 +242,13 @@ def test_data_parallel_is_the_full_data_step_and_replicas_agree(launched, float6
     assert torch.equal(rank0["w"], rank1["w"]) and rank0["w"].shape == (4, 50, 2)
     assert torch.isfinite(rank0["w"]).all()
     assert "different seeds" in rank0["seed_error"] and "different seeds" in rank1["seed_error"]
+    # InferenceData on each rank: all chains; observed data and pointwise log-likelihood of its shard.
+    for rank, (x_shard, y_shard) in ((rank0, shard((x, y), 0, 2)), (rank1, shard((x, y), 1, 2))):
+        np.testing.assert_array_equal(rank["idata"]["w"], rank0["w"].numpy())
+        np.testing.assert_array_equal(rank["idata"]["observed"], y_shard.numpy())
+        w = rank0["w"][1, 7]  # chain 1, draw 7
+        expected = dist.Normal(x_shard @ w, 1.0).log_prob(y_shard).numpy()
+        np.testing.assert_allclose(rank["idata"]["log_likelihood"][1, 7], expected, rtol=1e-12)
 
 
 def moments_job():
@@ -371,3 +385,66 @@ def test_a_slice_of_chains_equals_those_chains_of_the_full_run():
     part.run(x, y)
     assert torch.equal(part.get_samples(group_by_chain=True)["w"], full.get_samples(group_by_chain=True)["w"][2:])
     assert not math.isnan(float(part.get_samples()["sigma"].sum()))
+
+
+# ---------------------------------------------------------------------- under torchrun itself
+TORCHRUN_SCRIPT = """
+import json, os, sys
+import torch, pyro, pyro.distributions as dist
+from pyro_sgmcmc import SGLD
+from pyro_sgmcmc.distributed import DistributedMCMC, init_distributed
+
+def model(x):
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", x.shape[0], subsample_size=5) as idx:
+        pyro.sample("x", dist.Normal(mu, 1.0), obs=x[idx])
+
+def hook(kernel, params, phase, step):
+    if "--fail" in sys.argv and step == 3 and torch.distributed.get_rank() == 1:
+        raise ValueError("rank 1 failed on purpose")
+
+rank, world_size = init_distributed()
+mcmc = DistributedMCMC(SGLD(model, step_size=0.01), num_samples=10, warmup_steps=5, num_chains=6,
+                       num_superchains=2, seed=0, hook_fn=hook, disable_progbar=True)
+mcmc.run(torch.arange(20.0))
+if rank == 0:
+    json.dump({"world_size": world_size, "chain_ids": mcmc.chain_ids,
+               "superchain_ids": mcmc.superchain_ids.tolist(),
+               "shape": list(mcmc.get_samples(group_by_chain=True)["mu"].shape)}, open(sys.argv[1], "w"))
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
+os._exit(0)  # skip interpreter shutdown, where gloo sometimes aborts (see distributed.rst, Failures)
+"""
+
+
+def _torchrun(tmp_path, *script_args):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "script.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *script_args]  # fmt: skip
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    return done, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_torchrun_gathers_on_rank_0_and_stops_on_a_failing_rank(tmp_path):
+    """The documented launch, ``torchrun --nproc_per_node=2``, in both outcomes (two launches, ~30 s)."""
+    out = tmp_path / "out.json"
+    done, _ = _torchrun(tmp_path, str(out))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result == {"world_size": 2, "chain_ids": list(range(6)), "superchain_ids": [0, 0, 0, 1, 1, 1],
+                      "shape": [6, 10]}  # fmt: skip
+    # Rank 1 raises at step 3; rank 0 is not left waiting: torchrun stops it and fails with rank 1's error.
+    done, seconds = _torchrun(tmp_path, str(tmp_path / "unused.json"), "--fail")
+    assert done.returncode != 0
+    assert "ValueError: rank 1 failed on purpose" in done.stderr, done.stderr
+    assert seconds < LAUNCH_TIMEOUT
