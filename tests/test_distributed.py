@@ -1,16 +1,22 @@
 """Runs on real ``torch.distributed`` process groups: gloo, 2 processes on 127.0.0.1, a free port.
 
 One launch (:func:`pyro_sgmcmc.distributed.launch`, i.e. ``torch.multiprocessing`` with torchrun's
-environment variables) does the two jobs of the module-scoped fixture, to pay the start-up of the
+environment variables) does everything of the module-scoped fixture, to pay the start-up of the
 processes (importing torch and Pyro, about 5 s on a quiet machine) once:
 
 * chains across ranks: 6 chains in 3 superchains on 2 ranks (superchain 1 straddles them) must give
   *exactly* the draws of a one-process run with the same seed, gathered on rank 0 in global order;
-* data-parallel gradients on conjugate linear regression: both ranks hold one half of the data and
-  run the same 64 SGLD chains; compared with a one-process run on all the data with the combined
-  minibatch, and with the exact posterior (tolerances derived at the test).
+* data-parallel gradients on conjugate linear regression, both ranks holding one half of the data:
+  with full shards the run must follow the one-process full-batch run step by step; with
+  minibatches the replicas must stay identical and the InferenceData hold each rank's shard;
 
-A second launch checks the failure behaviour: a rank that raises stops the whole run with its error.
+and then the failure scenario, which ends the launch: rank 1 raises in the middle of a run while
+rank 0 waits in a collective, and the launch must stop with rank 1's error, not hang.
+
+The statistical test (slow, its own launch): 2 ranks with shards and minibatches against a
+one-process run with the combined minibatch and against the exact posterior, on the moments of
+64 SGLD chains (tolerances derived at the test). Another slow test runs the documented
+``torchrun --nproc_per_node=2`` launch, successful and failing.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pyro
@@ -159,8 +166,11 @@ def data_parallel_job():
     return out
 
 
-def both_jobs():
-    return {"chains": chains_job(), "data_parallel": data_parallel_job()}
+def all_jobs(out: str):
+    """The two jobs (results saved per rank), then the failure scenario, which ends the launch."""
+    results = {"chains": chains_job(), "data_parallel": data_parallel_job()}
+    torch.save(results, Path(out) / f"rank{torch.distributed.get_rank()}.pt")
+    failing_job()
 
 
 def failing_job():
@@ -179,8 +189,27 @@ def failing_job():
 
 
 @pytest.fixture(scope="module")
-def launched():
-    return launch(both_jobs, nprocs=2, timeout=LAUNCH_TIMEOUT)
+def launch_outcome(tmp_path_factory):
+    """One launch for the module: ``(per-rank results, the exception launch raised, seconds taken)``."""
+    out = tmp_path_factory.mktemp("ranks")
+    start = time.monotonic()
+    try:
+        launch(all_jobs, nprocs=2, args=(str(out),), timeout=LAUNCH_TIMEOUT)
+        error = None
+    except ProcessRaisedException as raised:  # expected: rank 1 fails on purpose at the end
+        error = raised
+    seconds = time.monotonic() - start
+    results = [torch.load(out / f"rank{r}.pt", weights_only=False) if (out / f"rank{r}.pt").exists() else None
+               for r in range(2)]  # fmt: skip
+    return results, error, seconds
+
+
+@pytest.fixture(scope="module")
+def launched(launch_outcome):
+    results, error, _ = launch_outcome
+    if None in results:
+        pytest.fail(f"a rank did not finish its jobs: {error}")
+    return results
 
 
 # ---------------------------------------------------------------------- chains across ranks
@@ -321,13 +350,14 @@ def test_data_parallel_posterior_moments_match_one_process_run(float64):
 
 
 # ---------------------------------------------------------------------- failure behaviour
-def test_a_failing_rank_stops_the_run_with_its_error():
-    start = time.monotonic()
-    with pytest.raises(ProcessRaisedException, match="rank 1 failed on purpose") as info:
-        launch(failing_job, nprocs=2, timeout=LAUNCH_TIMEOUT)
-    # launch raises TimeoutError instead if rank 0, blocked in the all-reduce, were not stopped.
-    assert info.value.error_index == 1
-    assert time.monotonic() - start < LAUNCH_TIMEOUT
+def test_a_failing_rank_stops_the_run_with_its_error(launch_outcome):
+    """The launch ends with rank 1 raising mid-run while rank 0 waits in the all-reduce."""
+    _, error, seconds = launch_outcome
+    # Had rank 0 not been stopped, launch would have raised TimeoutError after LAUNCH_TIMEOUT s
+    # (failing the fixture); had no rank failed, error would be None.
+    assert error is not None and error.error_index == 1
+    assert "ValueError: rank 1 failed on purpose" in str(error)  # the rank's own traceback
+    assert seconds < LAUNCH_TIMEOUT
 
 
 # ---------------------------------------------------------------------- no processes needed
