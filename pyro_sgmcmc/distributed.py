@@ -170,8 +170,11 @@ class DistributedMCMC(MCMC):
 
     Parameters
     ----------
-    kernel, num_samples, warmup_steps, initial_params, num_chains, ... :
-        As for :class:`pyro_sgmcmc.MCMC` (``chain_method`` is always ``"vectorized"``),
+    kernel, num_samples, warmup_steps, initial_params, num_chains, hook_fn, disable_progbar, \
+disable_validation, transforms, save_params, num_superchains, thinning, keep_last, seed, \
+checkpoint_path, checkpoint_every, resume :
+        As for :class:`pyro_sgmcmc.MCMC` (``chain_method`` is always ``"vectorized"``; the
+        arguments after ``num_chains`` are keyword-only), with
         ``num_chains`` and ``num_superchains`` counting the chains of *all* ranks.
         ``seed`` defaults to one drawn on rank 0 and broadcast. ``hook_fn`` sees the rank's own
         chains. ``checkpoint_path`` gets a ``.rank<r>`` suffix per rank.
@@ -186,12 +189,12 @@ class DistributedMCMC(MCMC):
         warmup_steps: Optional[int] = None,
         initial_params: Optional[Dict[str, torch.Tensor]] = None,
         num_chains: int = 1,
+        *,
         hook_fn: Optional[Callable] = None,
         disable_progbar: bool = False,
         disable_validation: bool = True,
         transforms=None,
         save_params=None,
-        *,
         num_superchains: Optional[int] = None,
         thinning: int = 1,
         keep_last: Optional[int] = None,
