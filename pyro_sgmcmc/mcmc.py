@@ -15,7 +15,7 @@ import os
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import pyro
 import pyro.infer
@@ -71,6 +71,10 @@ disable_validation, transforms, save_params :
         Default 1,000 when ``checkpoint_path`` is given.
     resume : bool
         Continue from an existing checkpoint (default) or start afresh and overwrite it.
+    chain_ids : sequence of int, optional
+        Global ids of these chains (chain ``c`` draws from the stream of ``(seed, chain_ids[c])``);
+        default ``range(num_chains)``. A slice of a larger run gives exactly that run's draws for
+        these chains (:class:`pyro_sgmcmc.distributed.DistributedMCMC` runs one slice per process).
 
     Attributes
     ----------
@@ -120,6 +124,7 @@ disable_validation, transforms, save_params :
         checkpoint_path: Optional[Union[str, os.PathLike]] = None,
         checkpoint_every: Optional[int] = None,
         resume: bool = True,
+        chain_ids: Optional[Sequence[int]] = None,
     ) -> None:
         if not isinstance(chain_method, str) or chain_method not in _CHAIN_METHODS:
             raise ValueError(f"chain_method must be one of {_CHAIN_METHODS}; got {chain_method!r}")
@@ -157,6 +162,15 @@ disable_validation, transforms, save_params :
         self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
         self.checkpoint_every = checkpoint_every or (1000 if checkpoint_path is not None else None)
         self.resume = bool(resume)
+        if chain_ids is not None:
+            if not isinstance(chain_ids, Sequence) or not all(
+                isinstance(c, numbers.Integral) and not isinstance(c, bool) and c >= 0 for c in list(chain_ids)
+            ):
+                raise ValueError(f"chain_ids must be a sequence of non-negative integers; got {chain_ids!r}")
+            if len(chain_ids) != num_chains or len(set(chain_ids)) != num_chains:
+                raise ValueError(f"chain_ids must hold num_chains={num_chains} distinct ids; got {list(chain_ids)}")
+            chain_ids = [int(c) for c in chain_ids]
+        self.chain_ids = chain_ids
         if chain_method == "default":
             if (
                 num_superchains is not None
@@ -164,9 +178,11 @@ disable_validation, transforms, save_params :
                 or keep_last is not None
                 or seed is not None
                 or checkpoint_path
+                or chain_ids is not None
             ):
                 raise ValueError(
-                    "num_superchains, thinning, keep_last, seed and checkpoint_path need chain_method='vectorized' "
+                    "num_superchains, thinning, keep_last, seed, checkpoint_path and chain_ids need "
+                    "chain_method='vectorized' "
                     "(Pyro's own chain methods do not support them)"
                 )
             super().__init__(
@@ -214,6 +230,7 @@ disable_validation, transforms, save_params :
                 initial_params=self.initial_params,
                 num_superchains=self.num_superchains,
                 seed=self.seed,
+                chain_ids=self.chain_ids,
             )
             self.superchain_ids = kernel.superchain_ids.clone()
             positions, stats = self._run_steps(kernel)
@@ -310,6 +327,7 @@ disable_validation, transforms, save_params :
             "thinning": self.thinning,
             "keep_last": self.keep_last,
             "seed": self.seed,
+            **({} if self.chain_ids is None else {"chain_ids": self.chain_ids}),
         }
 
 

@@ -84,6 +84,10 @@ _ON_DIVERGENCE = ("restart", "freeze", "raise")
 class SGMCMCKernel(MCMCKernel):
     """Base class of the stochastic-gradient kernels; see :class:`~pyro_sgmcmc.SGLD` for the arguments."""
 
+    #: Builds the potential as ``potential_factory(model, args, kwargs, init_strategy=..., num_data=...)``:
+    #: a hook (:func:`pyro_sgmcmc.distributed.data_parallel` puts an all-reduced potential here).
+    potential_factory: Callable = ModelPotential
+
     def __init__(
         self,
         model: Callable,
@@ -374,7 +378,7 @@ class SGMCMCKernel(MCMCKernel):
         # the potential holds the arguments, so their ids identify them while it lives
         key = (tuple(map(id, args)), tuple(sorted((k, id(v)) for k, v in kwargs.items())))
         if self.potential is None or key != self._model_key:
-            self.potential = ModelPotential(
+            self.potential = self.potential_factory(
                 self.model, args, kwargs, init_strategy=self.init_strategy, num_data=self.num_data
             )
             self._model_key = key
