@@ -101,10 +101,21 @@ class Curvature(str, enum.Enum):
     FULL = "full"
     #: Full (dense) GGN / conditional Fisher, always PSD; small models only (``d <= MAX_FULL_DIM``).
     FULL_GGN = "full_ggn"
+    #: Kronecker-factored GGN (K-FAC) for networks of ``F.linear`` layers (``nn.Linear`` in a
+    #: ``PyroModule`` with ``PyroSample`` weight and bias): a layer's weight block is
+    #: :math:`G \otimes A`, :math:`A = \frac1N\sum_n a_n a_n^\top` (layer inputs),
+    #: :math:`G = \sum_n \sum_k \delta_{nk}\delta_{nk}^\top` (output gradients of the whitened
+    #: outputs of ``diag_ggn``); its bias block is :math:`G` itself (exact). Blocks of different
+    #: sites are independent. See :mod:`pyro_sgmcmc.guides.kron`.
+    KRON = "kron"
 
     @property
     def is_diagonal(self) -> bool:
         return self in (Curvature.DIAG_EF, Curvature.DIAG_GGN)
+
+    @property
+    def is_dense(self) -> bool:
+        return self in (Curvature.FULL, Curvature.FULL_GGN)
 
     @classmethod
     def parse(cls, value) -> "Curvature":
@@ -124,6 +135,9 @@ class LikelihoodCurvature:
     log_likelihood: torch.Tensor  #: :math:`\sum_n \ell_n(\theta_*)` on the full data (0-dim)
     num_terms: int  #: number of likelihood terms visited (examples, or elements on the Jacobian path)
     method: str  #: ``"per-example"``, ``"jacobian"`` or ``"hessian"``
+    #: ``"kron"`` only: ``{site: factors}``, ``(G, A)`` for a weight (block :math:`G \otimes A`) and
+    #: ``(G,)`` for a bias; ``curvature`` then holds the diagonal of these blocks
+    kron_factors: Optional[Dict[str, Tuple[torch.Tensor, ...]]] = None
 
 
 @dataclass
@@ -369,6 +383,17 @@ def likelihood_curvature(
     if kind is Curvature.FULL:
         return _hessian_sweep(potential, position, disable_progbar)
     plates = potential.subsample_plates
+    if kind is Curvature.KRON:
+        result = None
+        if len(plates) == 1:
+            result = _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar)
+        if result is None:
+            raise ValueError(
+                "curvature='kron' needs a network of F.linear layers (nn.Linear in a PyroModule, PyroSample "
+                "weights and biases, every latent site the weight or bias of exactly one layer on (batch, in) "
+                "inputs) with one subsampled data plate; use curvature='diag_ggn' for this model"
+            )
+        return result
     auto = path is None
     if path is None:
         path = "per-example" if len(plates) == 1 else "jacobian"
@@ -594,6 +619,8 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
         if kind is Curvature.DIAG_EF:
             rows = rows.sum(-1, keepdim=True)
         outputs = [out for _, _, _, out in recorder.calls]
+        if kind is Curvature.KRON:
+            return _kron_chunk(recorder, rows, outputs), loglik.detach()
         diag = {name: torch.zeros_like(v) for name, v in zip(potential.site_names, values)}
         # delta[k, n] = d rows[n, k] / d z_n for every layer output z, all K columns in one batched
         # backward pass; sum_k (delta_k^2)^T a^2 = (sum_k delta_k^2)^T a^2: one product per layer.
@@ -620,6 +647,29 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
             if bias_name is not None:
                 diag[bias_name] += squared.sum(0)
     return torch.cat([diag[name].reshape(-1) for name in potential.site_names]), loglik.detach()
+
+
+def _kron_chunk(recorder, rows, outputs) -> Dict[str, Tuple[torch.Tensor, ...]]:
+    """Per layer, the chunk's :math:`\\sum_n a_n a_n^\\top` and :math:`\\sum_{n,k} \\delta_{nk}\\delta_{nk}^\\top`."""
+    num_columns = rows.shape[1]
+    columns = []
+    for k in range(num_columns):  # one backward pass per whitened output column
+        deltas = torch.autograd.grad(rows[:, k].sum(), outputs, retain_graph=True, allow_unused=True)
+        columns.append(deltas)
+    factors = {}
+    for i, (weight_name, bias_name, inputs, out) in enumerate(recorder.calls):
+        deltas = [column[i] for column in columns if column[i] is not None]
+        if deltas:
+            delta = torch.stack(deltas).detach()  # (K, batch, out)
+            g = torch.einsum("kbo,kbp->op", delta, delta)
+        else:
+            g = out.new_zeros(out.shape[-1], out.shape[-1])
+        a = inputs.detach()
+        if weight_name is not None:
+            factors[weight_name] = (g, a.T @ a)
+        if bias_name is not None:
+            factors[bias_name] = (g,)
+    return factors
 
 
 def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar, check: bool = True):
@@ -657,14 +707,31 @@ def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_
             if ((result[0] - reference).abs().max() / scale) > tolerance:
                 return None
         starts = range(0, size, step)
+        sums: Dict[str, List[torch.Tensor]] = {}
         for start in _progress(starts, len(starts), disable_progbar, "Laplace curvature"):
             index = torch.arange(start, min(start + step, size), device=position.device)
             result = _linear_chunk(potential, position, index, *args)
             if result is None:
                 return None
-            curvature += result[0]
+            if kind is Curvature.KRON:
+                for name, parts in result[0].items():
+                    sums[name] = list(parts) if name not in sums else [t + p for t, p in zip(sums[name], parts)]
+            else:
+                curvature += result[0]
             loglik += result[1]
-    return LikelihoodCurvature(curvature, loglik, size, "linear-layers")
+    if kind is not Curvature.KRON:
+        return LikelihoodCurvature(curvature, loglik, size, "linear-layers")
+    factors = {}
+    for site in potential.sites:
+        parts = sums[site.name]
+        if len(parts) == 2:  # a weight: G and A = sum_n a_n a_n^T / N, so that G (x) A ~ sum_n G_n (x) a_n a_n^T
+            factors[site.name] = (parts[0], parts[1] / size)
+            diagonal = torch.outer(parts[0].diagonal(), parts[1].diagonal() / size)
+        else:
+            factors[site.name] = (parts[0],)
+            diagonal = parts[0].diagonal()
+        curvature[site.slice] = diagonal.reshape(-1)
+    return LikelihoodCurvature(curvature, loglik, size, "linear-layers", kron_factors=factors)
 
 
 def _plain_per_example_diag(potential, position, indices, plate_name, kind, num_mc_samples, keep_scale, mc_fisher):
