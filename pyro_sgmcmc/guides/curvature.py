@@ -628,9 +628,13 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
         basis = torch.eye(num_columns, dtype=rows.dtype, device=rows.device)
         cotangents = basis.unsqueeze(1).expand(num_columns, *rows.shape)
         try:
-            deltas = torch.autograd.grad(rows, outputs, grad_outputs=cotangents, is_grads_batched=True,
-                                         allow_unused=True)  # fmt: skip
-            squares = [None if delta is None else (delta.detach() ** 2).sum(0) for delta in deltas]
+            if num_columns == 1:  # one column (regression, the empirical Fisher): a plain backward pass
+                deltas = torch.autograd.grad(rows.sum(), outputs, allow_unused=True)
+                squares = [None if delta is None else delta.detach() ** 2 for delta in deltas]
+            else:
+                deltas = torch.autograd.grad(rows, outputs, grad_outputs=cotangents, is_grads_batched=True,
+                                             allow_unused=True)  # fmt: skip
+                squares = [None if delta is None else (delta.detach() ** 2).sum(0) for delta in deltas]
         except RuntimeError:  # no batching rule somewhere in the network: one pass per column
             squares = [None] * len(outputs)
             for k in range(num_columns):
