@@ -65,9 +65,10 @@ class AutoLaplace(AutoLaplaceApproximation):
     model : callable
         A Pyro model with continuous latent sites outside every subsampled plate.
     curvature : str
-        ``"diag_ggn"`` (default), ``"diag_ef"``, ``"full"`` or ``"full_ggn"``; see
+        ``"diag_ggn"`` (default), ``"diag_ef"``, ``"full"``, ``"full_ggn"`` or ``"kron"``; see
         :class:`~pyro_sgmcmc.guides.curvature.Curvature`. The dense ones need
-        ``d <= MAX_FULL_DIM`` (5000) latent dimensions.
+        ``d <= MAX_FULL_DIM`` (5000) latent dimensions; ``"kron"`` (K-FAC, any size) needs a
+        network of ``nn.Linear`` / ``F.linear`` layers (:mod:`pyro_sgmcmc.guides.kron`).
     prior_precision : float or dict, optional
         Replace the model's prior, for the approximation only, by :math:`\\mathcal N(m, \\lambda^{-1} I)`
         in unconstrained space (``m`` the model prior's mean for real sites, 0 otherwise): one
@@ -613,9 +614,10 @@ class LaplaceApproximation(AutoContinuous):
 
         Each site gets its own marginal: ``Normal(mean, sd).to_event(k)`` over the unconstrained
         value, ``k`` the site's own event dimension, so its plate dimensions stay batch dimensions
-        (``MultivariateNormal`` over the site's block for a dense precision, reshaped to the site's
-        shape), pushed through ``biject_to(support)`` for constrained sites. Correlations
-        *between* sites are dropped. Use them in the next task's model, e.g.
+        (``MultivariateNormal`` over the site's block for a dense precision, and the site's
+        :class:`~pyro_sgmcmc.guides.kron.KroneckerNormal` block for ``"kron"``, reshaped to the
+        site's shape: the whole site is then one event), pushed through ``biject_to(support)``
+        for constrained sites. Correlations *between* sites are dropped. Use them in the next task's model, e.g.
         ``pyro.sample("w", priors["w"])`` or ``PyroSample(priors["layer.weight"])``.
         """
         priors = {}

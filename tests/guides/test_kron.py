@@ -162,7 +162,7 @@ def test_kron_factors_of_a_two_layer_network(float64):
             dense[weight, weight],
             torch.kron(full.precision[bias, bias] - torch.eye(bias.stop - bias.start), a)
             + torch.eye(weight.stop - weight.start),
-        )  # fmt: skip  (the model's N(0, 1) prior: +I)
+        )  # the model's N(0, 1) prior adds I to both blocks
     # the approximation is not the exact GGN: the weight blocks differ
     weight = kron.site_slices["out.weight"]
     assert (dense[weight, weight] - full.precision[weight, weight]).abs().max() > 1e-3
