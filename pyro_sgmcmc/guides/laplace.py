@@ -243,6 +243,11 @@ class LaplaceApproximation(AutoContinuous):
     * :meth:`log_marginal_likelihood` and :meth:`optimize_prior_precision` (scalar or per site);
     * :meth:`as_prior`: the posterior as prior distributions for a next task's model.
 
+    The buffer ``precision`` is the ``(d,)`` diagonal or the ``(d, d)`` dense precision; for
+    ``curvature="kron"`` (:attr:`is_kron`) the precision is a
+    :class:`~pyro_sgmcmc.guides.kron.KroneckerPrecision` and ``precision`` holds the reciprocal
+    marginal variances :math:`1 / (\\Lambda^{-1})_{ii}`.
+
     The vector :math:`\\theta` follows Pyro's ``AutoContinuous`` layout (sites in the order the
     model samples them); :attr:`site_slices` gives each site's slice.
 

@@ -21,6 +21,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (torch.func imports it lazily: never inside a test's time limit)
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from pyro.infer import SVI, Trace_ELBO
