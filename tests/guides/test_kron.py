@@ -250,3 +250,28 @@ def test_kron_needs_one_prior_precision_per_site(float64):
     guide(x, y)
     laplace = guide.laplace_approximation(x, y)
     assert math.isfinite(laplace.log_marginal_likelihood().item())
+
+
+def test_kron_posterior_as_the_next_tasks_prior_is_exact_for_one_linear_layer(float64):
+    """Continual learning: K-FAC is exact for one bias-free linear layer with a Gaussian likelihood,
+    so task 1's ``as_prior()`` (a KroneckerNormal per site) carries its posterior exactly, and task
+    2's ``"full"`` Laplace (exact for a linear-Gaussian model with a Gaussian prior) must give the
+    exact posterior precision given both tasks' data, ``I (x) X^T X / sigma^2 + I`` in the row-major
+    layout of ``W`` (out, in), ``X`` the inputs of both tasks and ``I`` the N(0, 1) prior."""
+
+    class WithPrior(_Linear):
+        def __init__(self, prior=None):
+            super().__init__(bias=False)
+            if prior is not None:
+                self.layer.weight = PyroSample(prior)
+
+    x, y = _data(5)
+    x1, y1, x2, y2 = x[:20], y[:20], x[20:], y[20:]  # task 1: 20 examples, task 2: the other 10
+    loc = torch.zeros(D_IN * D_OUT, dtype=torch.float64)
+    (first,) = _approximations(WithPrior(), (x1, y1), loc, "kron")
+    priors = first.as_prior()
+    assert priors["layer.weight"].event_shape == (D_OUT, D_IN)
+    (second,) = _approximations(WithPrior(priors["layer.weight"]), (x2, y2), loc, "full")
+    design = torch.cat([x1, x2])
+    exact = torch.kron(torch.eye(D_OUT, dtype=torch.float64), design.T @ design / SIGMA**2) + torch.eye(D_IN * D_OUT)
+    _close(second.precision, exact)
