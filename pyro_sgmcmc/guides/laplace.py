@@ -359,7 +359,24 @@ class LaplaceApproximation(AutoContinuous):
         prior_precision : None, float or dict
             One positive number for every site, or ``{site: positive number}`` (sites left out get
             precision 1).
+
+        Raises
+        ------
+        ValueError
+            For an invalid value, or when the resulting precision is not positive definite or
+            not representable in the model's dtype; the approximation is then left unchanged.
         """
+        previous = self._prior_precision
+        kron_previous = None if self._kron is None else self._kron.prior_precision
+        try:
+            self._apply_prior_precision(prior_precision)
+        except ValueError:
+            self._prior_precision = previous
+            if self._kron is not None:
+                self._kron.set_prior_precision(kron_previous)
+            raise
+
+    def _apply_prior_precision(self, prior_precision: Optional[PriorPrecision]) -> None:
         if self._kron is not None:
             if prior_precision is None:
                 lambdas = self._site_values(self.prior_curvature, "prior curvature")
@@ -371,7 +388,13 @@ class LaplaceApproximation(AutoContinuous):
             bad = [name for name, ok in self._kron.is_positive().items() if not ok]
             if bad:
                 raise ValueError(f"the Laplace precision is not positive for sites {bad}; pass prior_precision=...")
-            self._set_buffer("precision", self._kron.variances().reciprocal())  # 1 / marginal variances
+            variances = self._kron.variances()
+            if not (torch.isfinite(variances).all() and (variances > 0).all()):
+                raise ValueError(
+                    f"the marginal variances of the Laplace approximation underflow or overflow in {variances.dtype} "
+                    "(a huge or tiny prior_precision?); use a moderate prior_precision or float64"
+                )
+            self._set_buffer("precision", variances.reciprocal())  # 1 / marginal variances
             return
         if prior_precision is None:
             self._prior_precision = None
@@ -429,7 +452,14 @@ class LaplaceApproximation(AutoContinuous):
                     "point is not a local maximum (fit the MAP longer) or use curvature='full_ggn'"
                 )
             covariance = torch.cholesky_inverse(cholesky)
-            self._scale_tril = torch.linalg.cholesky(0.5 * (covariance + covariance.T))
+            scale_tril, info = torch.linalg.cholesky_ex(0.5 * (covariance + covariance.T))
+            if int(info) != 0 or not torch.isfinite(scale_tril).all():
+                raise ValueError(
+                    f"the Laplace covariance (the inverse precision) underflows in {precision.dtype}: the precision "
+                    "is too large or too ill-conditioned for this dtype (a huge prior_precision?); use a smaller "
+                    "prior_precision or float64"
+                )
+            self._scale_tril = scale_tril
         self._set_buffer("precision", precision.detach())
 
     def _set_buffer(self, name: str, value: torch.Tensor) -> None:

@@ -108,19 +108,17 @@ def bool_verdict(value) -> str:
     return EITHER if isinstance(value, np.bool_) else INVALID
 
 
-FLOAT32 = torch.finfo(torch.float32)
-
-
 def precision_verdict(value) -> str:
     """A positive finite real number (not bool); a 0-d floating tensor may go either way, and so may
-    a number that overflows or underflows the model's dtype (float32 here): refused with its name."""
+    a number near the limits of the model's dtype (float32 here), where the value itself, the
+    covariance or the marginal variances overflow or underflow: then it is refused with its name."""
     if isinstance(value, torch.Tensor):
         if value.dim() == 0 and value.is_floating_point() and math.isfinite(value) and value > 0:
             return EITHER
         return INVALID
     verdict = float_verdict(value, strict=True)
-    if verdict == VALID and not (FLOAT32.tiny <= float(value) <= FLOAT32.max):
-        return EITHER
+    if verdict == VALID and not (1e-30 <= float(value) <= 1e30):
+        return EITHER  # near float32's range the covariance or the variances may underflow: a named error
     return verdict
 
 
