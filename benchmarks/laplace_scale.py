@@ -14,7 +14,7 @@ comparison on a shared machine):
   same network and loss (prior as weight decay), the floor for an epoch;
 * ``laplace_<curvature>``: ``guide.laplace_approximation(x, y)``, the full-data curvature sweep, for
   ``diag_ef``, ``diag_ggn`` (exact: one backward pass per output per example) and ``diag_ggn`` with
-  ``mc_fisher=True`` (one Monte Carlo label per example);
+  ``mc_fisher=True`` (one Monte Carlo label per example), and the same two for ``kron`` (K-FAC);
 * ``pyro_autolaplace``: Pyro's :class:`~pyro.infer.autoguide.AutoLaplaceApproximation`, which
   builds the dense Hessian of the full-data loss by ``d`` backward passes (``pyro.ops.hessian``):
   the script times the gradient with ``create_graph=True`` plus ``--hessian-rows`` rows and
@@ -263,7 +263,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     n, batch = (2000, 100) if args.quick else (10_000, 100)
     repeats = 1 if args.quick else args.repeats
-    variants = [("diag_ef", False), ("diag_ggn", False), ("diag_ggn", True)]
+    variants = [("diag_ef", False), ("diag_ggn", False), ("diag_ggn", True), ("kron", False), ("kron", True)]
     results = {"config": {"N": n, "B": batch, "threads": args.threads, "repeats": repeats,
                           "network": f"{D_IN}-{HIDDEN}-{HIDDEN}-K tanh MLP"},
                "versions": {"torch": torch.__version__, "pyro": pyro.__version__, "python": platform.python_version()},

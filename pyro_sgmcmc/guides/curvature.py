@@ -656,16 +656,25 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
 def _kron_chunk(recorder, rows, outputs) -> Dict[str, Tuple[torch.Tensor, ...]]:
     """Per layer, the chunk's :math:`\\sum_n a_n a_n^\\top` and :math:`\\sum_{n,k} \\delta_{nk}\\delta_{nk}^\\top`."""
     num_columns = rows.shape[1]
-    columns = []
-    for k in range(num_columns):  # one backward pass per whitened output column
-        deltas = torch.autograd.grad(rows[:, k].sum(), outputs, retain_graph=True, allow_unused=True)
-        columns.append(deltas)
+    deltas: List[Optional[torch.Tensor]]
+    if num_columns == 1:
+        deltas = [None if d is None else d.unsqueeze(0) for d in
+                  torch.autograd.grad(rows.sum(), outputs, allow_unused=True)]  # fmt: skip
+    else:
+        basis = torch.eye(num_columns, dtype=rows.dtype, device=rows.device)
+        cotangents = basis.unsqueeze(1).expand(num_columns, *rows.shape)
+        try:  # all K columns in one batched backward pass: (K, batch, out) per layer
+            deltas = list(torch.autograd.grad(rows, outputs, grad_outputs=cotangents, is_grads_batched=True,
+                                              allow_unused=True))  # fmt: skip
+        except RuntimeError:  # no batching rule somewhere in the network: one pass per column
+            columns = [torch.autograd.grad(rows[:, k].sum(), outputs, retain_graph=True, allow_unused=True)
+                       for k in range(num_columns)]  # fmt: skip
+            deltas = [None if column[0] is None else torch.stack(column) for column in zip(*columns)]
     factors = {}
-    for i, (weight_name, bias_name, inputs, out) in enumerate(recorder.calls):
-        deltas = [column[i] for column in columns if column[i] is not None]
-        if deltas:
-            delta = torch.stack(deltas).detach()  # (K, batch, out)
-            g = torch.einsum("kbo,kbp->op", delta, delta)
+    for (weight_name, bias_name, inputs, out), delta in zip(recorder.calls, deltas):
+        if delta is not None:
+            delta = delta.detach().reshape(-1, out.shape[-1])  # (K * batch, out)
+            g = delta.T @ delta
         else:
             g = out.new_zeros(out.shape[-1], out.shape[-1])
         a = inputs.detach()
