@@ -389,7 +389,7 @@ class LaplaceApproximation(AutoContinuous):
             if bad:
                 raise ValueError(f"the Laplace precision is not positive for sites {bad}; pass prior_precision=...")
             variances = self._kron.variances()
-            if not (torch.isfinite(variances).all() and (variances > 0).all()):
+            if not (torch.isfinite(variances).all() and torch.isfinite(variances.reciprocal()).all()):
                 raise ValueError(
                     f"the marginal variances of the Laplace approximation underflow or overflow in {variances.dtype} "
                     "(a huge or tiny prior_precision?); use a moderate prior_precision or float64"
