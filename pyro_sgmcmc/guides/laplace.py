@@ -267,6 +267,10 @@ class LaplaceApproximation(AutoContinuous):
         :math:`\\sum_n \\log p(y_n \\mid \\theta_*)` on the full data.
     curvature : str
         The curvature name, for the record.
+    kron_factors : dict, optional
+        ``curvature="kron"`` only: ``{site: (G, A)}`` for a weight, ``{site: (G,)}`` for a bias
+        (see :class:`~pyro_sgmcmc.guides.kron.KroneckerPrecision`); ``likelihood_curvature`` is
+        then the diagonal of these blocks.
     """
 
     def __init__(
