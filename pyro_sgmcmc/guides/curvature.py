@@ -54,6 +54,8 @@ from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDi
 from pyro.poutine.subsample_messenger import SubsampleMessenger, _Subsample
 from torch.distributions import Independent
 
+from ..potential import SubsamplePlate
+
 __all__ = [
     "Curvature",
     "MAX_FULL_DIM",
@@ -385,13 +387,15 @@ def likelihood_curvature(
     plates = potential.subsample_plates
     if kind is Curvature.KRON:
         result = None
-        if len(plates) == 1:
-            result = _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar)
+        plate = plates[0] if len(plates) == 1 else (_full_data_plate(potential, position) if not plates else None)
+        if plate is not None:
+            result = _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar, plate=plate)
         if result is None:
             raise ValueError(
                 "curvature='kron' needs a network of F.linear layers (nn.Linear in a PyroModule, PyroSample "
                 "weights and biases, every latent site the weight or bias of exactly one layer on (batch, in) "
-                "inputs) with one subsampled data plate; use curvature='diag_ggn' for this model"
+                "inputs) and one data plate (subsampled or not) holding every observation; use "
+                "curvature='diag_ggn' for this model"
             )
         return result
     auto = path is None
@@ -685,7 +689,24 @@ def _kron_chunk(recorder, rows, outputs) -> Dict[str, Tuple[torch.Tensor, ...]]:
     return factors
 
 
-def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar, check: bool = True):
+def _full_data_plate(potential, position) -> Optional[SubsamplePlate]:
+    """The one plate (not subsampled) that holds every observed site, as a plate walked in one chunk."""
+    with torch.no_grad():
+        trace = _trace(potential, position, {})
+    names = set()
+    for site in _observed_sites(trace, set(potential.site_names)):
+        frames = [f for f in site["cond_indep_stack"] if f.vectorized]
+        if len(frames) != 1:
+            return None
+        names.add((frames[0].name, frames[0].size))
+    if len(names) != 1:
+        return None
+    ((name, size),) = names
+    return SubsamplePlate(name, size, size)
+
+
+def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar, check: bool = True,
+                  plate=None):  # fmt: skip
     """Diagonal curvature of a network of ``F.linear`` layers, chunk by chunk; ``None`` if it does not apply.
 
     With ``check``, the empirical Fisher of the first four examples is also computed from plain
@@ -693,7 +714,8 @@ def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_
     catches sites used outside the layers and examples that interact (batch norm), and the sweep
     then falls back to :func:`_per_example_sweep`.
     """
-    (plate,) = potential.subsample_plates
+    if plate is None:
+        (plate,) = potential.subsample_plates
     first_indices = {plate.name: torch.arange(plate.subsample_size, device=position.device)}
     keep_scale = _keep_scales(potential, position, first_indices) if kind is not Curvature.DIAG_EF else {}
     if kind is not Curvature.DIAG_EF:
@@ -711,7 +733,16 @@ def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_
             probe = torch.arange(min(4, size), device=position.device)
             # the check is about the network's structure, so it uses the deterministic EF rows
             check_args = (plate.name, Curvature.DIAG_EF, num_mc_samples, keep_scale, mc_fisher)
-            result = _linear_chunk(potential, position, probe, *check_args)
+            try:
+                result = _linear_chunk(potential, position, probe, *check_args)
+            except (ValueError, RuntimeError, IndexError) as error:
+                if plate.subsample_size != plate.size or kind is not Curvature.KRON:
+                    raise
+                raise _UserFacingError(
+                    f"curvature='kron' checks the network on a few examples of plate {plate.name!r}, and the "
+                    "model could not run on them: without subsample_size, index the data with the plate's "
+                    "indices (plate = pyro.plate('data', N); f = net(x[plate.indices]); with plate: ...)"
+                ) from error
             if result is None:
                 return None
             reference = _plain_per_example_diag(potential, position, probe, *check_args)

@@ -275,3 +275,34 @@ def test_kron_posterior_as_the_next_tasks_prior_is_exact_for_one_linear_layer(fl
     design = torch.cat([x1, x2])
     exact = torch.kron(torch.eye(D_OUT, dtype=torch.float64), design.T @ design / SIGMA**2) + torch.eye(D_IN * D_OUT)
     _close(second.precision, exact)
+
+
+def test_kron_on_a_model_without_subsampling(float64):
+    """``pyro.plate("data", N)`` without ``subsample_size``: the sweep is one chunk of all the data,
+    and the factors equal those of the minibatched model. A model that does not index its data by
+    the plate's indices cannot be checked on a few examples: a named error says how to write it."""
+
+    class FullBatch(_Linear):
+        def forward(self, x, y):
+            plate = pyro.plate("data", len(x))
+            mean = self.layer(x[plate.indices])
+            with plate:
+                pyro.sample("y", dist.Normal(mean, SIGMA).to_event(1), obs=y[plate.indices])
+
+    class Unindexed(_Linear):
+        def forward(self, x, y):
+            mean = self.layer(x)
+            with pyro.plate("data", len(x)):
+                pyro.sample("y", dist.Normal(mean, SIGMA).to_event(1), obs=y)
+
+    x, y = _data()
+    loc = torch.randn(D_IN * D_OUT + D_OUT, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    (whole,) = _approximations(FullBatch(bias=True), (x, y), loc, "kron")
+    (batched,) = _approximations(_Linear(bias=True), (x, y), loc, "kron")
+    _close(whole._kron.dense(), batched._kron.dense())
+    _close(whole.log_marginal_likelihood(), batched.log_marginal_likelihood())
+    pyro.clear_param_store()
+    guide = AutoLaplace(Unindexed(bias=True), curvature="kron", disable_progbar=True)
+    guide(x, y)
+    with pytest.raises(ValueError, match="index the data with the plate's indices"):
+        guide.laplace_approximation(x, y)
