@@ -14,15 +14,17 @@ comparison on a shared machine):
   same network and loss (prior as weight decay), the floor for an epoch;
 * ``laplace_<curvature>``: ``guide.laplace_approximation(x, y)``, the full-data curvature sweep, for
   ``diag_ef``, ``diag_ggn`` (exact: one backward pass per output per example) and ``diag_ggn`` with
-  ``mc_fisher=True`` (one Monte Carlo label per example);
+  ``mc_fisher=True`` (one Monte Carlo label per example), and the same two for ``kron`` (K-FAC);
 * ``pyro_autolaplace``: Pyro's :class:`~pyro.infer.autoguide.AutoLaplaceApproximation`, which
   builds the dense Hessian of the full-data loss by ``d`` backward passes (``pyro.ops.hessian``):
   the script times the gradient with ``create_graph=True`` plus ``--hessian-rows`` rows and
   extrapolates to ``d`` rows; its memory is the ``d x d`` float32 matrix (never allocated here).
 
-Each time is the minimum over ``--repeats`` runs (the estimate least disturbed by the other jobs of
-a shared machine; medians are in the JSON). The peak memory of each Laplace sweep is measured in a
-fresh process (``ru_maxrss`` after minus before the sweep) and compared with ``d`` floats.
+The timings of one task are taken in one fresh process, interleaved (each of ``--repeats`` rounds
+runs every measurement once, after one warm-up run of each), so that the load of a shared machine
+hits all of them alike; the ratios are ratios of medians (all times and the minima are in the
+JSON). The peak memory of each Laplace sweep is measured in its own fresh process (``ru_maxrss``
+after minus before the sweep) and compared with ``d`` floats.
 
 Reproduce::
 
@@ -139,6 +141,66 @@ def time_torch_epoch(task, n, batch) -> float:
     return time.perf_counter() - start
 
 
+def _torch_epoch_timer(task, n, batch):
+    """A closure that times one epoch of the hand-written torch loop (network and data built once)."""
+    x, y, out = make_problem(task, n)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(D_IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, HIDDEN),
+                              torch.nn.Tanh(), torch.nn.Linear(HIDDEN, out))  # fmt: skip
+    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, weight_decay=1.0 / n)
+    loss_fn = torch.nn.CrossEntropyLoss() if task == "classification" else torch.nn.MSELoss()
+
+    def epoch() -> float:
+        order = torch.randperm(n)
+        start = time.perf_counter()
+        for step in range(n // batch):
+            idx = order[step * batch : (step + 1) * batch]
+            optimizer.zero_grad()
+            f = net(x[idx])
+            loss = loss_fn(f, y[idx]) if task == "classification" else loss_fn(f.squeeze(-1), y[idx])
+            loss.backward()
+            optimizer.step()
+        return time.perf_counter() - start
+
+    return epoch
+
+
+def time_interleaved(task, n, batch, variants, repeats) -> dict:
+    """All timings of one task in one process, interleaved: each repeat runs every measurement once.
+
+    Every measurement is warmed up once first; the load of a shared machine then hits all of them
+    alike, and the medians are compared.
+    """
+    timers = {"sgd_epoch_torch": _torch_epoch_timer(task, n, batch)}
+    for curvature, mc in variants:
+        laplace_guide, _, lx, ly, _ = fitted_guide(task, n, batch, curvature, mc)
+
+        def sweep(g=laplace_guide, gx=lx, gy=ly) -> float:
+            start = time.perf_counter()
+            g.laplace_approximation(gx, gy)
+            return time.perf_counter() - start
+
+        timers[f"laplace_{curvature}{'_mc' if mc else ''}"] = sweep
+    # the SVI guide last: fitted_guide clears the param store, which SVI uses from here on
+    guide, model, x, y, _ = fitted_guide(task, n, batch)
+    svi = SVI(model, guide, pyro.optim.SGD({"lr": 1e-9}), Trace_ELBO())
+
+    def svi_epoch() -> float:
+        start = time.perf_counter()
+        for _ in range(n // batch):
+            svi.step(x, y)
+        return time.perf_counter() - start
+
+    timers["sgd_epoch_svi"] = svi_epoch
+    for timer in timers.values():
+        timer()  # warm-up
+    times = {key: [] for key in timers}
+    for _ in range(repeats):
+        for key, timer in timers.items():
+            times[key].append(timer())
+    return times
+
+
 def time_laplace(task, n, batch, curvature, mc_fisher) -> dict:
     guide, _, x, y, d = fitted_guide(task, n, batch, curvature, mc_fisher)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -194,42 +256,39 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("laplace_scale_results.json"))
     parser.add_argument("--quick", action="store_true", help="N = 2,000, one repeat")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--hessian-rows", type=int, default=20)
     parser.add_argument("--tasks", nargs="+", default=["regression", "classification"])
     args = parser.parse_args(argv)
     n, batch = (2000, 100) if args.quick else (10_000, 100)
     repeats = 1 if args.quick else args.repeats
-    variants = [("diag_ef", False), ("diag_ggn", False), ("diag_ggn", True)]
+    variants = [("diag_ef", False), ("diag_ggn", False), ("diag_ggn", True), ("kron", False), ("kron", True)]
     results = {"config": {"N": n, "B": batch, "threads": args.threads, "repeats": repeats,
                           "network": f"{D_IN}-{HIDDEN}-{HIDDEN}-K tanh MLP"},
                "versions": {"torch": torch.__version__, "pyro": pyro.__version__, "python": platform.python_version()},
                "tasks": {}}  # fmt: skip
     for task in args.tasks:
-        times = {"sgd_epoch_svi": [], "sgd_epoch_torch": []}
         memory = {}
-        for curvature, mc in variants:
-            times[f"laplace_{curvature}{'_mc' if mc else ''}"] = []
         d = None
-        for repeat in range(repeats):  # interleave the variants across repeats
-            times["sgd_epoch_svi"].append(in_fresh_process(args.threads, "time_svi_epoch", task, n, batch))
-            times["sgd_epoch_torch"].append(in_fresh_process(args.threads, "time_torch_epoch", task, n, batch))
-            for curvature, mc in variants:
-                key = f"laplace_{curvature}{'_mc' if mc else ''}"
-                run = in_fresh_process(args.threads, "time_laplace", task, n, batch, curvature, mc)
-                times[key].append(run["seconds"])
-                memory[key] = max(memory.get(key, 0.0), run["peak_rss_increase_mb"])
-                d = run["d"]
-            print(task, repeat, {k: round(v[-1], 2) for k, v in times.items()}, flush=True)
+        for curvature, mc in variants:  # peak memory: one fresh process per sweep
+            key = f"laplace_{curvature}{'_mc' if mc else ''}"
+            run = in_fresh_process(args.threads, "time_laplace", task, n, batch, curvature, mc)
+            memory[key] = run["peak_rss_increase_mb"]
+            d = run["d"]
+        times = in_fresh_process(args.threads, "time_interleaved", task, n, batch, variants, repeats)
+        print(task, {k: [round(t, 2) for t in v] for k, v in times.items()}, flush=True)
         best = {k: min(v) for k, v in times.items()}
+        median = {k: statistics.median(v) for k, v in times.items()}
         pyro_cost = in_fresh_process(args.threads, "time_pyro_autolaplace", task, n, batch, args.hessian_rows)
+        laplace_keys = [k for k in median if k.startswith("laplace")]
         results["tasks"][task] = {
             "d": d,
+            "seconds": times,
             "min_seconds": best,
-            "median_seconds": {k: statistics.median(v) for k, v in times.items()},
-            "laplace_over_svi_epoch": {k: best[k] / best["sgd_epoch_svi"] for k in best if k.startswith("laplace")},
-            "laplace_over_torch_epoch": {k: best[k] / best["sgd_epoch_torch"] for k in best if k.startswith("laplace")},
+            "median_seconds": median,
+            "laplace_over_svi_epoch": {k: median[k] / median["sgd_epoch_svi"] for k in laplace_keys},
+            "laplace_over_torch_epoch": {k: median[k] / median["sgd_epoch_torch"] for k in laplace_keys},
             "peak_rss_increase_mb": memory,
             "d_float32_mb": d * 4 / 2**20,
             "pyro_autolaplace": pyro_cost,

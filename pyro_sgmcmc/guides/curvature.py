@@ -54,6 +54,8 @@ from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDi
 from pyro.poutine.subsample_messenger import SubsampleMessenger, _Subsample
 from torch.distributions import Independent
 
+from ..potential import SubsamplePlate
+
 __all__ = [
     "Curvature",
     "MAX_FULL_DIM",
@@ -101,10 +103,21 @@ class Curvature(str, enum.Enum):
     FULL = "full"
     #: Full (dense) GGN / conditional Fisher, always PSD; small models only (``d <= MAX_FULL_DIM``).
     FULL_GGN = "full_ggn"
+    #: Kronecker-factored GGN (K-FAC) for networks of ``F.linear`` layers (``nn.Linear`` in a
+    #: ``PyroModule`` with ``PyroSample`` weight and bias): a layer's weight block is
+    #: :math:`G \otimes A`, :math:`A = \frac1N\sum_n a_n a_n^\top` (layer inputs),
+    #: :math:`G = \sum_n \sum_k \delta_{nk}\delta_{nk}^\top` (output gradients of the whitened
+    #: outputs of ``diag_ggn``); its bias block is :math:`G` itself (exact). Blocks of different
+    #: sites are independent. See :mod:`pyro_sgmcmc.guides.kron`.
+    KRON = "kron"
 
     @property
     def is_diagonal(self) -> bool:
         return self in (Curvature.DIAG_EF, Curvature.DIAG_GGN)
+
+    @property
+    def is_dense(self) -> bool:
+        return self in (Curvature.FULL, Curvature.FULL_GGN)
 
     @classmethod
     def parse(cls, value) -> "Curvature":
@@ -124,6 +137,9 @@ class LikelihoodCurvature:
     log_likelihood: torch.Tensor  #: :math:`\sum_n \ell_n(\theta_*)` on the full data (0-dim)
     num_terms: int  #: number of likelihood terms visited (examples, or elements on the Jacobian path)
     method: str  #: ``"per-example"``, ``"jacobian"`` or ``"hessian"``
+    #: ``"kron"`` only: ``{site: factors}``, ``(G, A)`` for a weight (block :math:`G \otimes A`) and
+    #: ``(G,)`` for a bias; ``curvature`` then holds the diagonal of these blocks
+    kron_factors: Optional[Dict[str, Tuple[torch.Tensor, ...]]] = None
 
 
 @dataclass
@@ -369,6 +385,19 @@ def likelihood_curvature(
     if kind is Curvature.FULL:
         return _hessian_sweep(potential, position, disable_progbar)
     plates = potential.subsample_plates
+    if kind is Curvature.KRON:
+        result = None
+        plate = plates[0] if len(plates) == 1 else (_full_data_plate(potential, position) if not plates else None)
+        if plate is not None:
+            result = _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar, plate=plate)
+        if result is None:
+            raise ValueError(
+                "curvature='kron' needs a network of F.linear layers (nn.Linear in a PyroModule, PyroSample "
+                "weights and biases, every latent site the weight or bias of exactly one layer on (batch, in) "
+                "inputs) and one data plate (subsampled or not) holding every observation; use "
+                "curvature='diag_ggn' for this model"
+            )
+        return result
     auto = path is None
     if path is None:
         path = "per-example" if len(plates) == 1 else "jacobian"
@@ -594,6 +623,8 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
         if kind is Curvature.DIAG_EF:
             rows = rows.sum(-1, keepdim=True)
         outputs = [out for _, _, _, out in recorder.calls]
+        if kind is Curvature.KRON:
+            return _kron_chunk(recorder, rows, outputs), loglik.detach()
         diag = {name: torch.zeros_like(v) for name, v in zip(potential.site_names, values)}
         # delta[k, n] = d rows[n, k] / d z_n for every layer output z, all K columns in one batched
         # backward pass; sum_k (delta_k^2)^T a^2 = (sum_k delta_k^2)^T a^2: one product per layer.
@@ -601,9 +632,13 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
         basis = torch.eye(num_columns, dtype=rows.dtype, device=rows.device)
         cotangents = basis.unsqueeze(1).expand(num_columns, *rows.shape)
         try:
-            deltas = torch.autograd.grad(rows, outputs, grad_outputs=cotangents, is_grads_batched=True,
-                                         allow_unused=True)  # fmt: skip
-            squares = [None if delta is None else (delta.detach() ** 2).sum(0) for delta in deltas]
+            if num_columns == 1:  # one column (regression, the empirical Fisher): a plain backward pass
+                deltas = torch.autograd.grad(rows.sum(), outputs, allow_unused=True)
+                squares = [None if delta is None else delta.detach() ** 2 for delta in deltas]
+            else:
+                deltas = torch.autograd.grad(rows, outputs, grad_outputs=cotangents, is_grads_batched=True,
+                                             allow_unused=True)  # fmt: skip
+                squares = [None if delta is None else (delta.detach() ** 2).sum(0) for delta in deltas]
         except RuntimeError:  # no batching rule somewhere in the network: one pass per column
             squares = [None] * len(outputs)
             for k in range(num_columns):
@@ -622,7 +657,56 @@ def _linear_chunk(potential, position, index, plate_name, kind, num_mc_samples, 
     return torch.cat([diag[name].reshape(-1) for name in potential.site_names]), loglik.detach()
 
 
-def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar, check: bool = True):
+def _kron_chunk(recorder, rows, outputs) -> Dict[str, Tuple[torch.Tensor, ...]]:
+    """Per layer, the chunk's :math:`\\sum_n a_n a_n^\\top` and :math:`\\sum_{n,k} \\delta_{nk}\\delta_{nk}^\\top`."""
+    num_columns = rows.shape[1]
+    deltas: List[Optional[torch.Tensor]]
+    if num_columns == 1:
+        deltas = [None if d is None else d.unsqueeze(0) for d in
+                  torch.autograd.grad(rows.sum(), outputs, allow_unused=True)]  # fmt: skip
+    else:
+        basis = torch.eye(num_columns, dtype=rows.dtype, device=rows.device)
+        cotangents = basis.unsqueeze(1).expand(num_columns, *rows.shape)
+        try:  # all K columns in one batched backward pass: (K, batch, out) per layer
+            deltas = list(torch.autograd.grad(rows, outputs, grad_outputs=cotangents, is_grads_batched=True,
+                                              allow_unused=True))  # fmt: skip
+        except RuntimeError:  # no batching rule somewhere in the network: one pass per column
+            columns = [torch.autograd.grad(rows[:, k].sum(), outputs, retain_graph=True, allow_unused=True)
+                       for k in range(num_columns)]  # fmt: skip
+            deltas = [None if column[0] is None else torch.stack(column) for column in zip(*columns)]
+    factors = {}
+    for (weight_name, bias_name, inputs, out), delta in zip(recorder.calls, deltas):
+        if delta is not None:
+            delta = delta.detach().reshape(-1, out.shape[-1])  # (K * batch, out)
+            g = delta.T @ delta
+        else:
+            g = out.new_zeros(out.shape[-1], out.shape[-1])
+        a = inputs.detach()
+        if weight_name is not None:
+            factors[weight_name] = (g, a.T @ a)
+        if bias_name is not None:
+            factors[bias_name] = (g,)
+    return factors
+
+
+def _full_data_plate(potential, position) -> Optional[SubsamplePlate]:
+    """The one plate (not subsampled) that holds every observed site, as a plate walked in one chunk."""
+    with torch.no_grad():
+        trace = _trace(potential, position, {})
+    names = set()
+    for site in _observed_sites(trace, set(potential.site_names)):
+        frames = [f for f in site["cond_indep_stack"] if f.vectorized]
+        if len(frames) != 1:
+            return None
+        names.add((frames[0].name, frames[0].size))
+    if len(names) != 1:
+        return None
+    ((name, size),) = names
+    return SubsamplePlate(name, size, size)
+
+
+def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_progbar, check: bool = True,
+                  plate=None):  # fmt: skip
     """Diagonal curvature of a network of ``F.linear`` layers, chunk by chunk; ``None`` if it does not apply.
 
     With ``check``, the empirical Fisher of the first four examples is also computed from plain
@@ -630,7 +714,8 @@ def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_
     catches sites used outside the layers and examples that interact (batch norm), and the sweep
     then falls back to :func:`_per_example_sweep`.
     """
-    (plate,) = potential.subsample_plates
+    if plate is None:
+        (plate,) = potential.subsample_plates
     first_indices = {plate.name: torch.arange(plate.subsample_size, device=position.device)}
     keep_scale = _keep_scales(potential, position, first_indices) if kind is not Curvature.DIAG_EF else {}
     if kind is not Curvature.DIAG_EF:
@@ -648,7 +733,16 @@ def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_
             probe = torch.arange(min(4, size), device=position.device)
             # the check is about the network's structure, so it uses the deterministic EF rows
             check_args = (plate.name, Curvature.DIAG_EF, num_mc_samples, keep_scale, mc_fisher)
-            result = _linear_chunk(potential, position, probe, *check_args)
+            try:
+                result = _linear_chunk(potential, position, probe, *check_args)
+            except (ValueError, RuntimeError, IndexError) as error:
+                if plate.subsample_size != plate.size or kind is not Curvature.KRON:
+                    raise
+                raise _UserFacingError(
+                    f"curvature='kron' checks the network on a few examples of plate {plate.name!r}, and the "
+                    "model could not run on them: without subsample_size, index the data with the plate's "
+                    "indices (plate = pyro.plate('data', N); f = net(x[plate.indices]); with plate: ...)"
+                ) from error
             if result is None:
                 return None
             reference = _plain_per_example_diag(potential, position, probe, *check_args)
@@ -657,14 +751,31 @@ def _linear_sweep(potential, position, kind, num_mc_samples, mc_fisher, disable_
             if ((result[0] - reference).abs().max() / scale) > tolerance:
                 return None
         starts = range(0, size, step)
+        sums: Dict[str, List[torch.Tensor]] = {}
         for start in _progress(starts, len(starts), disable_progbar, "Laplace curvature"):
             index = torch.arange(start, min(start + step, size), device=position.device)
             result = _linear_chunk(potential, position, index, *args)
             if result is None:
                 return None
-            curvature += result[0]
+            if kind is Curvature.KRON:
+                for name, parts in result[0].items():
+                    sums[name] = list(parts) if name not in sums else [t + p for t, p in zip(sums[name], parts)]
+            else:
+                curvature += result[0]
             loglik += result[1]
-    return LikelihoodCurvature(curvature, loglik, size, "linear-layers")
+    if kind is not Curvature.KRON:
+        return LikelihoodCurvature(curvature, loglik, size, "linear-layers")
+    factors = {}
+    for site in potential.sites:
+        parts = sums[site.name]
+        if len(parts) == 2:  # a weight: G and A = sum_n a_n a_n^T / N, so that G (x) A ~ sum_n G_n (x) a_n a_n^T
+            factors[site.name] = (parts[0], parts[1] / size)
+            diagonal = torch.outer(parts[0].diagonal(), parts[1].diagonal() / size)
+        else:
+            factors[site.name] = (parts[0],)
+            diagonal = parts[0].diagonal()
+        curvature[site.slice] = diagonal.reshape(-1)
+    return LikelihoodCurvature(curvature, loglik, size, "linear-layers", kron_factors=factors)
 
 
 def _plain_per_example_diag(potential, position, indices, plate_name, kind, num_mc_samples, keep_scale, mc_fisher):

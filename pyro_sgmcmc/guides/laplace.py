@@ -29,7 +29,9 @@ from pyro.infer.autoguide.initialization import init_to_median
 from torch.distributions import biject_to
 
 from ..potential import ModelPotential
+from ._checks import check_bool, check_callable, check_positive_int, check_precision
 from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_terms
+from .kron import KroneckerNormal, KroneckerPrecision
 from .predictive import GLMPrediction, linearized_predictive
 
 __all__ = ["AutoLaplace", "LaplaceApproximation"]
@@ -63,9 +65,10 @@ class AutoLaplace(AutoLaplaceApproximation):
     model : callable
         A Pyro model with continuous latent sites outside every subsampled plate.
     curvature : str
-        ``"diag_ggn"`` (default), ``"diag_ef"``, ``"full"`` or ``"full_ggn"``; see
+        ``"diag_ggn"`` (default), ``"diag_ef"``, ``"full"``, ``"full_ggn"`` or ``"kron"``; see
         :class:`~pyro_sgmcmc.guides.curvature.Curvature`. The dense ones need
-        ``d <= MAX_FULL_DIM`` (5000) latent dimensions.
+        ``d <= MAX_FULL_DIM`` (5000) latent dimensions; ``"kron"`` (K-FAC, any size) needs a
+        network of ``nn.Linear`` / ``F.linear`` layers (:mod:`pyro_sgmcmc.guides.kron`).
     prior_precision : float or dict, optional
         Replace the model's prior, for the approximation only, by :math:`\\mathcal N(m, \\lambda^{-1} I)`
         in unconstrained space (``m`` the model prior's mean for real sites, 0 otherwise): one
@@ -114,18 +117,24 @@ class AutoLaplace(AutoLaplaceApproximation):
         init_loc_fn=init_to_median,
         disable_progbar: bool = False,
     ) -> None:
+        check_callable(model, "model")
+        check_callable(init_loc_fn, "init_loc_fn")
         self.curvature = Curvature.parse(curvature)
-        self.mc_fisher = bool(mc_fisher)
+        self.mc_fisher = check_bool(mc_fisher, "mc_fisher")
         if prior_precision is not None:
-            _check_precision_values(prior_precision)
-        if isinstance(num_mc_samples, bool) or not isinstance(num_mc_samples, int) or num_mc_samples < 1:
-            raise ValueError(f"num_mc_samples must be a positive integer; got {num_mc_samples!r}")
-        self.prior_precision = prior_precision
+            check_precision(prior_precision)
+        num_mc_samples = check_positive_int(num_mc_samples, "num_mc_samples")
+        disable_progbar = check_bool(disable_progbar, "disable_progbar")
         self.num_mc_samples = num_mc_samples
         self.disable_progbar = disable_progbar
-        self._raw_model = model
         self._init_loc_fn = init_loc_fn
         super().__init__(model, init_loc_fn=init_loc_fn)
+        self._model_box = (model,)  # a tuple: a PyroModule model is never registered as a submodule
+        self.prior_precision = prior_precision  # after Module.__init__: it may be a tensor
+
+    @property
+    def _raw_model(self):
+        return self._model_box[0]
 
     def _setup_prototype(self, *args, **kwargs) -> None:
         with poutine.block():
@@ -175,22 +184,29 @@ class AutoLaplace(AutoLaplaceApproximation):
                 "laplace_approximation() needs a fitted MAP: run SVI(model, guide, ...).step(...) "
                 "(or call the guide once) before asking for the Laplace approximation"
             )
-        if not self.curvature.is_diagonal and self.latent_dim > MAX_FULL_DIM:
+        if self.curvature.is_dense and self.latent_dim > MAX_FULL_DIM:
             raise ValueError(
                 f"curvature={self.curvature.value!r} builds a dense {self.latent_dim} x {self.latent_dim} "
                 f"precision; it is limited to latent dimension <= {MAX_FULL_DIM} (MAX_FULL_DIM). "
                 "Use 'diag_ggn' or 'diag_ef' for this model"
             )
+        loc = self.loc.detach()
+        if not torch.isfinite(loc).all():
+            slices = _guide_slices(self).items()
+            bad = [name for name, (start, stop) in slices if not torch.isfinite(loc[start:stop]).all()]
+            raise ValueError(
+                f"the MAP point is not finite at sites {bad}: the SVI fit diverged (lower the learning rate, or "
+                "check the model's likelihood); there is no Laplace approximation around a non-finite point"
+            )
         potential = ModelPotential(self._raw_model, args, kwargs)
         perm = _guide_permutation(self, potential)
-        loc = self.loc.detach()
         position = torch.empty_like(loc)
         position[perm] = loc  # guide order -> potential (sorted-name) order
         likelihood = likelihood_curvature(
             potential, position, self.curvature, num_mc_samples=self.num_mc_samples, mc_fisher=self.mc_fisher,
             disable_progbar=self.disable_progbar,
         )  # fmt: skip
-        prior = prior_terms(potential, position, full=not self.curvature.is_diagonal)
+        prior = prior_terms(potential, position, full=self.curvature.is_dense)
 
         def to_guide(tensor):
             return tensor[perm][:, perm] if tensor.dim() == 2 else tensor[perm]
@@ -206,6 +222,7 @@ class AutoLaplace(AutoLaplaceApproximation):
             log_likelihood=likelihood.log_likelihood,
             curvature=self.curvature,
             init_loc_fn=self._init_loc_fn,
+            kron_factors=likelihood.kron_factors,
         )
         approximation._copy_prototype(self)
         approximation.set_prior_precision(self.prior_precision)
@@ -226,6 +243,11 @@ class LaplaceApproximation(AutoContinuous):
     * :meth:`log_marginal_likelihood` and :meth:`optimize_prior_precision` (scalar or per site);
     * :meth:`as_prior`: the posterior as prior distributions for a next task's model.
 
+    The buffer ``precision`` is the ``(d,)`` diagonal or the ``(d, d)`` dense precision; for
+    ``curvature="kron"`` (:attr:`is_kron`) the precision is a
+    :class:`~pyro_sgmcmc.guides.kron.KroneckerPrecision` and ``precision`` holds the reciprocal
+    marginal variances :math:`1 / (\\Lambda^{-1})_{ii}`.
+
     The vector :math:`\\theta` follows Pyro's ``AutoContinuous`` layout (sites in the order the
     model samples them); :attr:`site_slices` gives each site's slice.
 
@@ -245,6 +267,10 @@ class LaplaceApproximation(AutoContinuous):
         :math:`\\sum_n \\log p(y_n \\mid \\theta_*)` on the full data.
     curvature : str
         The curvature name, for the record.
+    kron_factors : dict, optional
+        ``curvature="kron"`` only: ``{site: (G, A)}`` for a weight, ``{site: (G,)}`` for a bias
+        (see :class:`~pyro_sgmcmc.guides.kron.KroneckerPrecision`); ``likelihood_curvature`` is
+        then the diagonal of these blocks.
     """
 
     def __init__(
@@ -260,8 +286,11 @@ class LaplaceApproximation(AutoContinuous):
         log_likelihood: torch.Tensor,
         curvature: str = "diag_ggn",
         init_loc_fn=init_to_median,
+        kron_factors: Optional[Dict[str, tuple]] = None,
     ) -> None:
         super().__init__(model, init_loc_fn=init_loc_fn)
+        self._kron_factors = kron_factors
+        self._kron: Optional[KroneckerPrecision] = None
         self.curvature = Curvature.parse(curvature)
         self.register_buffer("loc", loc.detach().clone())
         self.register_buffer("likelihood_curvature", likelihood_curvature.detach().clone())
@@ -287,6 +316,9 @@ class LaplaceApproximation(AutoContinuous):
             numel = math.prod(self._unconstrained_shapes[name])
             self.site_slices[name] = slice(offset, offset + numel)
             offset += numel
+        if self._kron_factors is not None:
+            ones = torch.ones(len(self.site_slices), dtype=self.loc.dtype, device=self.loc.device)
+            self._kron = KroneckerPrecision(self._kron_factors, self.site_slices, ones)
 
     def _setup_prototype(self, *args, **kwargs) -> None:  # pragma: no cover - built from AutoLaplace
         if self.prototype_trace is None:
@@ -294,7 +326,25 @@ class LaplaceApproximation(AutoContinuous):
 
     @property
     def is_diagonal(self) -> bool:
-        return self.precision.dim() == 1
+        return self._kron is None and self.precision.dim() == 1
+
+    @property
+    def is_kron(self) -> bool:
+        """Is the precision Kronecker-factored (``curvature="kron"``)?"""
+        return self._kron is not None
+
+    def _site_values(self, vector: torch.Tensor, what: str) -> torch.Tensor:
+        """One number per site from a ``(d,)`` vector constant within each site (Kronecker blocks)."""
+        values = []
+        for name, where in self.site_slices.items():
+            block = vector[where]
+            if not torch.allclose(block, block[0].expand_as(block), rtol=1e-6, atol=0.0):
+                raise ValueError(
+                    f"curvature='kron' needs one {what} per site (an isotropic Gaussian prior on each weight and "
+                    f"bias); site {name!r} has several. Pass prior_precision=... (a number or {{site: number}})"
+                )
+            values.append(block[0])
+        return torch.stack(values)
 
     # ------------------------------------------------------------------ prior precision
     @property
@@ -313,7 +363,43 @@ class LaplaceApproximation(AutoContinuous):
         prior_precision : None, float or dict
             One positive number for every site, or ``{site: positive number}`` (sites left out get
             precision 1).
+
+        Raises
+        ------
+        ValueError
+            For an invalid value, or when the resulting precision is not positive definite or
+            not representable in the model's dtype; the approximation is then left unchanged.
         """
+        previous = self._prior_precision
+        kron_previous = None if self._kron is None else self._kron.prior_precision
+        try:
+            self._apply_prior_precision(prior_precision)
+        except ValueError:
+            self._prior_precision = previous
+            if self._kron is not None:
+                self._kron.set_prior_precision(kron_previous)
+            raise
+
+    def _apply_prior_precision(self, prior_precision: Optional[PriorPrecision]) -> None:
+        if self._kron is not None:
+            if prior_precision is None:
+                lambdas = self._site_values(self.prior_curvature, "prior curvature")
+                self._prior_precision = None
+            else:
+                self._prior_precision = self._precision_dict(prior_precision)
+                lambdas = self._site_values(self._precision_vector(self._prior_precision), "prior precision")
+            self._kron.set_prior_precision(lambdas)
+            bad = [name for name, ok in self._kron.is_positive().items() if not ok]
+            if bad:
+                raise ValueError(f"the Laplace precision is not positive for sites {bad}; pass prior_precision=...")
+            variances = self._kron.variances()
+            if not (torch.isfinite(variances).all() and torch.isfinite(variances.reciprocal()).all()):
+                raise ValueError(
+                    f"the marginal variances of the Laplace approximation underflow or overflow in {variances.dtype} "
+                    "(a huge or tiny prior_precision?); use a moderate prior_precision or float64"
+                )
+            self._set_buffer("precision", variances.reciprocal())  # 1 / marginal variances
+            return
         if prior_precision is None:
             self._prior_precision = None
             precision = self.likelihood_curvature + self.prior_curvature
@@ -328,16 +414,23 @@ class LaplaceApproximation(AutoContinuous):
         return self.likelihood_curvature.dim() == 1
 
     def _precision_dict(self, value: PriorPrecision) -> Dict[str, torch.Tensor]:
-        _check_precision_values(value)
+        return self._precision_from(value, "prior_precision")
+
+    def _precision_from(self, value: PriorPrecision, name: str) -> Dict[str, torch.Tensor]:
+        """``{site: tensor}`` from a checked scalar or mapping (sites left out of a mapping get 1)."""
+        _check_precision_values(value, name)
         like = self.loc
+        sizes = {site: where.stop - where.start for site, where in self.site_slices.items()}
         if isinstance(value, Mapping):
             unknown = sorted(set(value) - set(self.site_slices))
             if unknown:
-                raise ValueError(
-                    f"prior_precision names unknown sites {unknown}; latent sites: {list(self.site_slices)}"
-                )
-            return {name: torch.as_tensor(value.get(name, 1.0), dtype=like.dtype) for name in self.site_slices}
-        return {name: torch.as_tensor(value, dtype=like.dtype) for name in self.site_slices}
+                raise ValueError(f"{name} names unknown sites {unknown}; latent sites: {list(self.site_slices)}")
+            return {
+                site: _as_precision(value.get(site, 1.0), f"{name}[{site!r}]", like, sizes[site])
+                for site in self.site_slices
+            }
+        tensor = _as_precision(value, name, like, 1)
+        return {site: tensor for site in self.site_slices}
 
     def _precision_vector(self, precision: Mapping[str, torch.Tensor]) -> torch.Tensor:
         vector = torch.empty_like(self.loc)
@@ -363,21 +456,34 @@ class LaplaceApproximation(AutoContinuous):
                     "point is not a local maximum (fit the MAP longer) or use curvature='full_ggn'"
                 )
             covariance = torch.cholesky_inverse(cholesky)
-            self._scale_tril = torch.linalg.cholesky(0.5 * (covariance + covariance.T))
-        if "precision" in self._buffers:
-            self.precision = precision.detach()
+            scale_tril, info = torch.linalg.cholesky_ex(0.5 * (covariance + covariance.T))
+            if int(info) != 0 or not torch.isfinite(scale_tril).all():
+                raise ValueError(
+                    f"the Laplace covariance (the inverse precision) underflows in {precision.dtype}: the precision "
+                    "is too large or too ill-conditioned for this dtype (a huge prior_precision?); use a smaller "
+                    "prior_precision or float64"
+                )
+            self._scale_tril = scale_tril
+        self._set_buffer("precision", precision.detach())
+
+    def _set_buffer(self, name: str, value: torch.Tensor) -> None:
+        if name in self._buffers:
+            setattr(self, name, value.detach())
         else:
-            self.register_buffer("precision", precision.detach())
+            self.register_buffer(name, value.detach())
 
     # ------------------------------------------------------------------ the Gaussian
     def get_posterior(self, *args, **kwargs):
-        """``Normal(loc, precision^-1/2).to_event(1)`` (diagonal) or ``MultivariateNormal(loc, scale_tril)``."""
+        """``Normal(loc, precision^-1/2).to_event(1)`` (diagonal), ``MultivariateNormal(loc, scale_tril)``
+        (dense) or :class:`~pyro_sgmcmc.guides.kron.KroneckerNormal` (``"kron"``)."""
+        if self._kron is not None:
+            return KroneckerNormal(self.loc, self._kron)
         if self.is_diagonal:
             return dist.Normal(self.loc, self.precision.rsqrt()).to_event(1)
         return dist.MultivariateNormal(self.loc, scale_tril=self._scale_tril)
 
     def _loc_scale(self, *args, **kwargs):
-        if self.is_diagonal:
+        if self.is_diagonal or self._kron is not None:  # for "kron", precision holds 1 / marginal variances
             return self.loc, self.precision.rsqrt()
         return self.loc, self._scale_tril.pow(2).sum(-1).sqrt()
 
@@ -391,6 +497,13 @@ class LaplaceApproximation(AutoContinuous):
         """The covariance :math:`\\Lambda^{-1}`: ``(d,)`` variances if diagonal, else ``(d, d)``."""
         if self.is_diagonal:
             return self.precision.reciprocal()
+        if self._kron is not None:
+            if self.loc.shape[0] > MAX_FULL_DIM:
+                raise ValueError(
+                    f"the dense covariance of a 'kron' approximation is limited to latent dimension <= {MAX_FULL_DIM}"
+                )
+            identity = torch.eye(self.loc.shape[0], dtype=self.loc.dtype, device=self.loc.device)
+            return self._kron.apply_power(identity, -1.0)
         return self._scale_tril @ self._scale_tril.T
 
     def params(self, latent: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
@@ -435,27 +548,26 @@ class LaplaceApproximation(AutoContinuous):
             return self._log_evidence(None)
         if prior_precision is None:
             vector = self._precision_vector(self._prior_precision)
-        elif isinstance(prior_precision, Mapping):
-            _check_precision_values(prior_precision)
-            vector = self._vector_from(prior_precision)
         else:
-            _check_precision_values(prior_precision)
-            vector = torch.as_tensor(prior_precision, dtype=self.loc.dtype).expand(self.loc.shape)
+            vector = self._vector_from(prior_precision, "prior_precision")
         return self._log_evidence(vector)
 
-    def _vector_from(self, precision: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        unknown = sorted(set(precision) - set(self.site_slices))
-        if unknown:
-            raise ValueError(f"prior_precision names unknown sites {unknown}; latent sites: {list(self.site_slices)}")
-        parts = []
-        for name, where in self.site_slices.items():
-            value = torch.as_tensor(precision.get(name, 1.0), dtype=self.loc.dtype)
-            parts.append(value.expand(where.stop - where.start))
-        return torch.cat(parts)
+    def _vector_from(self, precision: PriorPrecision, name: str) -> torch.Tensor:
+        parts = self._precision_from(precision, name)
+        return torch.cat([parts[site].expand(where.stop - where.start) for site, where in self.site_slices.items()])
 
     def _log_evidence(self, precision: Optional[torch.Tensor]) -> torch.Tensor:
         d = self.loc.shape[0]
         constant = 0.5 * d * math.log(2 * math.pi)
+        if self._kron is not None:
+            if precision is None:
+                kron = self._kron.with_prior(self._site_values(self.prior_curvature, "prior curvature"))
+                return self.log_likelihood + self.prior_log_density + constant - 0.5 * kron.logdet()
+            kron = self._kron.with_prior(self._site_values(precision, "prior precision"))
+            offset = self.loc - self.prior_mean
+            log_prior = 0.5 * (precision.log() - math.log(2 * math.pi) - precision * offset**2).sum()
+            b = -precision * offset - self.prior_grad
+            return self.log_likelihood + log_prior + 0.5 * kron.quadratic(b) + constant - 0.5 * kron.logdet()
         if precision is None:
             lam = self.likelihood_curvature + self.prior_curvature
             return self.log_likelihood + self.prior_log_density + constant - 0.5 * _logdet(lam)
@@ -500,8 +612,9 @@ class LaplaceApproximation(AutoContinuous):
         Tensor or dict
             The optimum: a 0-dim tensor (``"scalar"``) or ``{site: tensor}`` (``"site"``).
         """
-        if mode not in ("scalar", "site"):
+        if not isinstance(mode, str) or mode not in ("scalar", "site"):
             raise ValueError(f"mode must be 'scalar' or 'site'; got {mode!r}")
+        max_iter = check_positive_int(max_iter, "max_iter")
         names = list(self.site_slices)
         groups = torch.zeros(self.loc.shape[0], dtype=torch.long, device=self.loc.device)
         if mode == "site":
@@ -512,13 +625,9 @@ class LaplaceApproximation(AutoContinuous):
         if init is None:
             start = torch.stack([prior_diag[groups == g].mean() for g in range(num_groups)])
             start = torch.where(torch.isfinite(start) & (start > 0), start, torch.ones_like(start))
-        elif isinstance(init, Mapping):
-            _check_precision_values(init)
-            vector = self._vector_from(init)
-            start = torch.stack([vector[groups == g].mean() for g in range(num_groups)])
         else:
-            _check_precision_values(init)
-            start = torch.as_tensor(init, dtype=self.loc.dtype).expand(num_groups).clone()
+            vector = self._vector_from(init, "init")
+            start = torch.stack([vector[groups == g].mean() for g in range(num_groups)])
         log_precision = start.log().detach().clone().requires_grad_(True)
         optimizer = torch.optim.LBFGS([log_precision], max_iter=max_iter, line_search_fn="strong_wolfe")
 
@@ -544,18 +653,24 @@ class LaplaceApproximation(AutoContinuous):
 
         Each site gets its own marginal: ``Normal(mean, sd).to_event(k)`` over the unconstrained
         value, ``k`` the site's own event dimension, so its plate dimensions stay batch dimensions
-        (``MultivariateNormal`` over the site's block for a dense precision, reshaped to the site's
-        shape), pushed through ``biject_to(support)`` for constrained sites. Correlations
-        *between* sites are dropped. Use them in the next task's model, e.g.
+        (``MultivariateNormal`` over the site's block for a dense precision, and the site's
+        :class:`~pyro_sgmcmc.guides.kron.KroneckerNormal` block for ``"kron"``, reshaped to the
+        site's shape: the whole site is then one event), pushed through ``biject_to(support)``
+        for constrained sites. Correlations *between* sites are dropped. Use them in the next task's model, e.g.
         ``pyro.sample("w", priors["w"])`` or ``PyroSample(priors["layer.weight"])``.
         """
         priors = {}
         loc, scale = self._loc_scale()
-        covariance = None if self.is_diagonal else self.covariance
+        covariance = None if self.is_diagonal or self._kron is not None else self.covariance
         for name, site in self.prototype_trace.iter_stochastic_nodes():
             where = self.site_slices[name]
             shape = self._unconstrained_shapes[name]
-            if covariance is None:
+            if self._kron is not None:  # the site's own Kronecker block: the whole site is one event
+                base = KroneckerNormal(loc[where].clone(), self._kron.site(name))
+                if tuple(shape) != (where.stop - where.start,):
+                    reshape = torch.distributions.transforms.ReshapeTransform(base.event_shape, shape)
+                    base = dist.TransformedDistribution(base, [reshape])
+            elif covariance is None:
                 base = dist.Normal(loc[where].reshape(shape).clone(), scale[where].reshape(shape).clone())
                 # the site's own event dims (in unconstrained space): its plate dims stay batch dims
                 base = base.to_event(site["fn"].event_dim + len(shape) - site["value"].dim())
@@ -595,12 +710,29 @@ class LaplaceApproximation(AutoContinuous):
 
 
 # ---------------------------------------------------------------------------------- helpers
-def _check_precision_values(value) -> None:
-    values = value.values() if isinstance(value, Mapping) else [value]
-    for item in values:
-        tensor = torch.as_tensor(item, dtype=torch.float64)
-        if not (torch.isfinite(tensor).all() and (tensor > 0).all()):
-            raise ValueError(f"prior_precision must be positive and finite; got {value!r}")
+def _check_precision_values(value, name: str = "prior_precision") -> None:
+    check_precision(value, name)
+
+
+def _as_precision(value, name: str, like: torch.Tensor, numel: int) -> torch.Tensor:
+    """``value`` as a tensor of ``like``'s dtype and device that broadcasts to ``(numel,)``."""
+    tensor = torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    if tensor.dim() > 0 and tensor.reshape(-1).shape[0] not in (1, numel):
+        raise ValueError(f"{name} has {tensor.numel()} entries; the site has {numel} coordinates (or give 1 number)")
+    if not (torch.isfinite(tensor).all() and (tensor > 0).all()):
+        raise ValueError(
+            f"{name} = {value!r} is not a positive finite number in {like.dtype} (it overflows or underflows)"
+        )
+    return tensor.reshape(-1) if tensor.dim() > 0 else tensor
+
+
+def _guide_slices(guide) -> Dict[str, tuple]:
+    slices, offset = {}, 0
+    for name, _ in guide.prototype_trace.iter_stochastic_nodes():
+        numel = math.prod(guide._unconstrained_shapes[name])
+        slices[name] = (offset, offset + numel)
+        offset += numel
+    return slices
 
 
 def _logdet(precision: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ from typing import Callable, Dict, NamedTuple, Optional, Union
 
 import torch
 
+from ._checks import check_callable, check_positive_int
+
 __all__ = ["GLMPrediction", "linearized_predictive"]
 
 _LINKS = (None, "identity", "probit", "mc")
@@ -95,12 +97,21 @@ def linearized_predictive(
     >>> torch.allclose(prediction.covariance[:, 0, 0], torch.einsum("ni,ij,nj->n", x, laplace.covariance, x))
     True
     """
-    if link not in _LINKS:
+    if not (link is None or isinstance(link, str)) or link not in _LINKS:
         raise ValueError(f"unknown link {link!r}; accepted: {', '.join(repr(v) for v in _LINKS)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(num_samples, "num_samples")
+    check_callable(fn, "fn")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or not (x.is_floating_point() or not x.is_complex()):
+        raise TypeError(f"x must be a tensor of inputs with a leading batch axis; got {x!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be None or a torch.Generator; got {generator!r}")
     theta = laplace.loc.detach()
-    factor = laplace.covariance if laplace.is_diagonal else laplace._scale_tril  # Sigma = diag(v) or L L^T
+    kron = laplace._kron
+    if kron is not None:
+        factor = None  # Sigma = Q S^-1 Q^T: J Sigma J^T = W W^T with W = whiten(J)
+    else:
+        factor = laplace.covariance if laplace.is_diagonal else laplace._scale_tril  # Sigma = diag(v) or L L^T
 
     def output(latent, inputs):
         return fn(laplace.params(latent), inputs)
@@ -115,7 +126,10 @@ def linearized_predictive(
             xb = x[start : start + batch_size]
             mean = output(theta, xb)
             jac = jacobian(theta, xb).reshape(xb.shape[0], -1, theta.shape[0])  # (b, K, d)
-            if laplace.is_diagonal:
+            if kron is not None:
+                scaled = kron.whiten(jac)
+                cov = scaled @ scaled.transpose(-1, -2)
+            elif laplace.is_diagonal:
                 cov = torch.einsum("bkd,d,bld->bkl", jac, factor, jac)
             else:
                 scaled = jac @ factor  # J L

@@ -38,6 +38,7 @@ from torch.distributions import biject_to
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
 
 from ..potential import ModelPotential
+from ._checks import check_bool, check_callable, check_positive_int
 
 __all__ = ["AutoDiagVI", "TemperedELBO"]
 
@@ -143,6 +144,14 @@ class TemperedELBO(Trace_ELBO):
     """
 
     def __init__(self, temperature: Optional[float] = None, **kwargs) -> None:
+        if "num_particles" in kwargs:
+            check_positive_int(kwargs["num_particles"], "num_particles")
+        nesting = kwargs.get("max_plate_nesting", math.inf)
+        if not (isinstance(nesting, float) and nesting == math.inf):
+            check_positive_int(nesting, "max_plate_nesting", low=0)
+        for flag in ("vectorize_particles", "strict_enumeration_warning", "retain_graph", "ignore_jit_warnings"):
+            if flag in kwargs and kwargs[flag] is not None:
+                check_bool(kwargs[flag], flag)
         super().__init__(**kwargs)
         self.temperature = None if temperature is None else _check_temperature(temperature)
 
@@ -303,8 +312,9 @@ class AutoDiagVI(AutoContinuous):
         temperature: float = 1.0,
         stl: bool = False,
     ) -> None:
-        if not isinstance(stl, bool):
-            raise ValueError(f"stl must be True or False; got {stl!r}")
+        check_callable(model, "model")
+        check_callable(init_loc_fn, "init_loc_fn")
+        stl = check_bool(stl, "stl")
         self._temperature = _check_temperature(temperature)
         self._init_scale = _check_init_scale(init_scale)
         self.stl = stl
@@ -412,6 +422,8 @@ class AutoDiagVI(AutoContinuous):
         self._check_ready()
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer; got {num_samples!r}")
+        if num_samples * self.latent_dim >= 2**62:
+            raise ValueError(f"num_samples = {num_samples} draws of {self.latent_dim} numbers do not fit in memory")
         latent = self.get_posterior().sample((num_samples,))
         return {site["name"]: biject_to(site["fn"].support)(u) for site, u in self._split(latent)}
 

@@ -565,7 +565,7 @@ def test_default_init_scale_is_log_sd_minus_three():
 
 
 def test_bad_stl():
-    with pytest.raises(ValueError, match="stl"):
+    with pytest.raises(TypeError, match="stl"):
         AutoDiagVI(regression_model, stl="yes")
 
 

@@ -1,0 +1,212 @@
+"""Kronecker-factored (K-FAC) Laplace precisions, and the Gaussian they define.
+
+For a layer :math:`z_n = W a_n + b` the per-example gradient of a row :math:`r_{nk}` (a whitened
+output of the GGN, see :class:`~pyro_sgmcmc.guides.curvature.Curvature`) with respect to the
+row-major ``vec(W)`` is :math:`\\delta_{nk} \\otimes a_n`, :math:`\\delta_{nk} = \\partial r_{nk} /
+\\partial z_n`, so the weight's GGN block is :math:`\\sum_n G_n \\otimes a_n a_n^\\top` with
+:math:`G_n = \\sum_k \\delta_{nk}\\delta_{nk}^\\top`. K-FAC replaces it by
+
+.. math:: G \\otimes A, \\qquad G = \\sum_n G_n, \\qquad A = \\frac1N \\sum_n a_n a_n^\\top,
+
+exact when :math:`G_n` is the same for every example (a single linear layer with a Gaussian
+likelihood of fixed scale, where :math:`G_n = I / \\sigma^2`). The bias block
+:math:`\\sum_n G_n = G` is exact. Blocks of different sites are treated as independent (the
+precision is block diagonal over sites), and each site gets an isotropic prior precision
+:math:`\\lambda_s`, so that with :math:`G = U_G S_G U_G^\\top` and :math:`A = U_A S_A U_A^\\top`
+
+.. math:: \\Lambda_s = G \\otimes A + \\lambda_s I = (U_G \\otimes U_A)
+          \\operatorname{diag}(s_G \\otimes s_A + \\lambda_s) (U_G \\otimes U_A)^\\top .
+
+Every operation then costs two small matrix products per layer: :math:`(U_G \\otimes U_A)^\\top
+\\operatorname{vec}(V) = \\operatorname{vec}(U_G^\\top V U_A)` for ``V`` of the weight's shape
+``(out, in)``. Memory is :math:`O(\\mathrm{out}^2 + \\mathrm{in}^2)` per layer.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+from pyro.distributions import TorchDistribution, constraints
+
+__all__ = ["KroneckerPrecision", "KroneckerNormal"]
+
+
+class KroneckerPrecision:
+    """A block-diagonal precision with one Kronecker-factored block per site (potential or guide order).
+
+    Parameters
+    ----------
+    factors : dict
+        ``{site: (G, A)}`` for a weight of shape ``(out, in)`` (block :math:`G \\otimes A`) or
+        ``{site: (G,)}`` for a bias of shape ``(out,)`` (block :math:`G`).
+    slices : dict
+        ``{site: slice}`` of each site in the flat vector.
+    prior_precision : Tensor ``(num_sites,)``
+        The isotropic :math:`\\lambda_s` added to each block, in the order of ``slices``; may carry
+        gradients (the eigenvalues are differentiable in it).
+    """
+
+    def __init__(self, factors: Dict[str, Tuple[torch.Tensor, ...]], slices: Dict[str, slice], prior_precision):
+        self.names: List[str] = list(slices)
+        self.slices = dict(slices)
+        self.eigen: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {}
+        for name in self.names:
+            pairs = []
+            for factor in factors[name]:
+                values, vectors = torch.linalg.eigh(0.5 * (factor + factor.T))
+                pairs.append((values.clamp(min=0), vectors))  # PSD up to rounding
+            self.eigen[name] = pairs
+        self.set_prior_precision(prior_precision)
+
+    def set_prior_precision(self, prior_precision: torch.Tensor) -> None:
+        self.prior_precision = prior_precision
+        self.eigenvalues = {}
+        for number, name in enumerate(self.names):
+            pairs = self.eigen[name]
+            if len(pairs) == 2:
+                spectrum = torch.outer(pairs[0][0], pairs[1][0])
+            else:
+                spectrum = pairs[0][0]
+            self.eigenvalues[name] = spectrum + prior_precision[number]
+
+    def with_prior(self, prior_precision: torch.Tensor) -> "KroneckerPrecision":
+        """The same factors with another prior precision (a copy; the eigenbases are shared)."""
+        other = copy.copy(self)
+        other.set_prior_precision(prior_precision)
+        return other
+
+    def site(self, name: str) -> "KroneckerPrecision":
+        """The block of one site, as a precision over that site's own flat vector."""
+        other = copy.copy(self)
+        where = self.slices[name]
+        other.names = [name]
+        other.slices = {name: slice(0, where.stop - where.start)}
+        other.eigen = {name: self.eigen[name]}
+        other.prior_precision = self.prior_precision[self.names.index(name)].reshape(1)
+        other.eigenvalues = {name: self.eigenvalues[name]}
+        return other
+
+    @property
+    def dim(self) -> int:
+        return sum(where.stop - where.start for where in self.slices.values())
+
+    # ---------------------------------------------------------------- the eigenbasis
+    def _rotate(self, name: str, block: torch.Tensor, transpose: bool) -> torch.Tensor:
+        """``Q^T v`` (``transpose``) or ``Q v`` for the site's eigenbasis ``Q``; ``block`` is ``(..., *shape)``."""
+        pairs = self.eigen[name]
+        u_g = pairs[0][1]
+        if len(pairs) == 2:
+            u_a = pairs[1][1]
+            if transpose:
+                return u_g.T @ block @ u_a
+            return u_g @ block @ u_a.T
+        return block @ (u_g if transpose else u_g.T)
+
+    def _shape(self, name: str) -> Tuple[int, ...]:
+        return tuple(self.eigenvalues[name].shape)
+
+    def _blocks(self, vector: torch.Tensor) -> Dict[str, torch.Tensor]:
+        lead = vector.shape[:-1]
+        return {name: vector[..., self.slices[name]].reshape(lead + self._shape(name)) for name in self.names}
+
+    def _assemble(self, blocks: Dict[str, torch.Tensor], lead: Sequence[int]) -> torch.Tensor:
+        out = None
+        for name in self.names:
+            part = blocks[name].reshape(tuple(lead) + (-1,))
+            if out is None:
+                out = part.new_empty(tuple(lead) + (self.dim,))
+            out[..., self.slices[name]] = part
+        return out
+
+    def apply_power(self, vector: torch.Tensor, power: float) -> torch.Tensor:
+        """:math:`\\Lambda^{p} v` for ``vector`` of shape ``(..., d)`` (``p = -1/2`` draws, ``-1`` solves)."""
+        lead = vector.shape[:-1]
+        out = {}
+        for name, block in self._blocks(vector).items():
+            rotated = self._rotate(name, block, transpose=True) * self.eigenvalues[name] ** power
+            out[name] = self._rotate(name, rotated, transpose=False)
+        return self._assemble(out, lead)
+
+    def whiten(self, vector: torch.Tensor) -> torch.Tensor:
+        """:math:`S^{-1/2} Q^\\top v` (``(..., d)``): its squared norm is :math:`v^\\top \\Lambda^{-1} v`."""
+        lead = vector.shape[:-1]
+        out = {
+            name: self._rotate(name, block, transpose=True) * self.eigenvalues[name].rsqrt()
+            for name, block in self._blocks(vector).items()
+        }
+        return self._assemble(out, lead)
+
+    def quadratic(self, vector: torch.Tensor) -> torch.Tensor:
+        """:math:`v^\\top \\Lambda^{-1} v` (differentiable in the prior precision)."""
+        total = vector.new_zeros(())
+        for name, block in self._blocks(vector).items():
+            rotated = self._rotate(name, block, transpose=True)
+            total = total + (rotated**2 / self.eigenvalues[name]).sum()
+        return total
+
+    def logdet(self) -> torch.Tensor:
+        """:math:`\\log\\det\\Lambda`."""
+        return sum(values.log().sum() for values in self.eigenvalues.values())
+
+    def variances(self) -> torch.Tensor:
+        """Marginal variances :math:`\\operatorname{diag}(\\Lambda^{-1})`, ``(d,)``."""
+        out = {}
+        for name in self.names:
+            pairs = self.eigen[name]
+            inverse = self.eigenvalues[name].reciprocal()
+            if len(pairs) == 2:
+                out[name] = pairs[0][1].pow(2) @ inverse @ pairs[1][1].pow(2).T
+            else:
+                out[name] = pairs[0][1].pow(2) @ inverse
+        return self._assemble(out, ())
+
+    def is_positive(self) -> Dict[str, bool]:
+        return {name: bool((values > 0).all()) for name, values in self.eigenvalues.items()}
+
+    def dense(self) -> torch.Tensor:
+        """The dense ``(d, d)`` precision (tests and small models only)."""
+        d = self.dim
+        identity = torch.eye(d, dtype=self.eigenvalues[self.names[0]].dtype)
+        return self.apply_power(identity, 1.0)
+
+
+class KroneckerNormal(TorchDistribution):
+    """:math:`\\mathcal N(\\mu, \\Lambda^{-1})` over a flat vector with a :class:`KroneckerPrecision` :math:`\\Lambda`.
+
+    ``rsample`` draws :math:`\\mu + \\Lambda^{-1/2}\\varepsilon`; ``log_prob`` is exact.
+    """
+
+    arg_constraints = {}
+    support = constraints.real_vector
+    has_rsample = True
+
+    def __init__(self, loc: torch.Tensor, precision: KroneckerPrecision, validate_args=None):
+        self.loc = loc
+        self.precision = precision
+        super().__init__(loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        if tuple(batch_shape) != ():
+            raise NotImplementedError("KroneckerNormal has no batch dimensions")
+        return self
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def variance(self) -> torch.Tensor:
+        return self.precision.variances()
+
+    def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        shape = self._extended_shape(sample_shape)
+        noise = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        return self.loc + self.precision.apply_power(noise, -0.5)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        whitened = self.precision.apply_power(value - self.loc, 0.5)
+        d = self.loc.shape[-1]
+        return -0.5 * (whitened**2).sum(-1) - 0.5 * d * math.log(2 * math.pi) + 0.5 * self.precision.logdet()
