@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import textwrap
 import time
 import traceback
 
@@ -58,7 +59,8 @@ class ExecCode(SphinxDirective):
         return namespace
 
     def run(self) -> list[nodes.Node]:
-        code = "\n".join(self.content)
+        # dedent: with options, docutils measures the indentation from the option lines
+        code = textwrap.dedent("\n".join(self.content)).strip("\n")
         _, line = self.get_source_info()
         if not self.config.exec_code_run:
             output = ""
