@@ -1,8 +1,10 @@
 """Sphinx configuration for the pyro_sgmcmc documentation.
 
-Build the pages with ``python -m sphinx -W --keep-going -b html docs docs/_build/html`` and run
-every code example in them (the quickstart, the conventions page and the docstrings that the
-API page pulls in) with ``python -m sphinx -W --keep-going -b doctest docs docs/_build/doctest``.
+Build the pages with ``python -m sphinx -W --keep-going -b html docs docs/_build/html``: this also
+runs the ``exec-code`` blocks of the quickstart and the tutorials (``docs/_ext/exec_code.py``) and
+puts their output in the pages. Run the doctest examples (the conventions, Laplace and VI pages
+and the docstrings that the API page pulls in) with
+``python -m sphinx -W --keep-going -b doctest -D exec_code_run=0 docs docs/_build/doctest``.
 ``tests/test_docs.py`` runs both.
 """
 
