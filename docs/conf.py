@@ -1,8 +1,10 @@
 """Sphinx configuration for the pyro_sgmcmc documentation.
 
-Build the pages with ``python -m sphinx -W --keep-going -b html docs docs/_build/html`` and run
-every code example in them (the quickstart, the conventions page and the docstrings that the
-API page pulls in) with ``python -m sphinx -W --keep-going -b doctest docs docs/_build/doctest``.
+Build the pages with ``python -m sphinx -W --keep-going -b html docs docs/_build/html``: this also
+runs the ``exec-code`` blocks of the quickstart and the tutorials (``docs/_ext/exec_code.py``) and
+puts their output in the pages. Run the doctest examples (the conventions, Laplace and VI pages
+and the docstrings that the API page pulls in) with
+``python -m sphinx -W --keep-going -b doctest -D exec_code_run=0 docs docs/_build/doctest``.
 ``tests/test_docs.py`` runs both.
 """
 
@@ -15,6 +17,7 @@ DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 # The package is normally installed (``pip install -e .``); this also lets a plain checkout build.
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(DOCS / "_ext"))  # local extensions (exec_code: run the quickstart at build time)
 
 import pyro_sgmcmc  # noqa: E402
 
@@ -31,8 +34,9 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
     "sphinx.ext.doctest",
+    "exec_code",
 ]
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_ext"]
 default_role = "code"  # `x` renders as inline code, never as an unresolved reference
 
 # -- autodoc and napoleon (NumPy-style docstrings) -----------------------------------------------
@@ -52,6 +56,13 @@ import pyro.distributions as dist
 from pyro_sgmcmc import *
 
 torch.set_num_threads(1)  # tiny tensors: one thread is fastest, and no oversubscription under load
+"""
+
+# -- exec_code (docs/_ext/exec_code.py) ----------------------------------------------------------
+# Run once, hidden, before the first ``exec-code`` block of each page.
+exec_code_setup = """
+import torch
+torch.set_num_threads(1)
 """
 
 # -- HTML ----------------------------------------------------------------------------------------

@@ -1,19 +1,24 @@
 """The Sphinx documentation builds without a warning, and every code example in it runs.
 
-Three Sphinx runs, in subprocesses started together (each imports torch, Pyro and the package
+Four Sphinx runs, in subprocesses started together (each imports torch, Pyro and the package
 afresh, as a user's build does; running them side by side keeps the wall time near that of the
-slowest, about 20 s):
+slowest, the HTML build, about 40 s on an idle 2-core machine):
 
 * ``-b html -W --keep-going`` on ``docs/``: any warning (bad reST in a page or in a docstring, a
-  napoleon problem, a broken cross-document link, a page missing from the toctree) fails it;
-* ``-b doctest -W --keep-going`` on ``docs/``: runs the quickstart, the examples of the
-  conventions page and the docstring examples that the API page includes, and compares their
-  printed output with the expected output;
+  napoleon problem, a broken cross-document link, a page missing from the toctree) fails it. This
+  build also runs the ``exec-code`` blocks (``docs/_ext/exec_code.py``) of the quickstart and the
+  tutorials and puts their output in the pages; an exception in one is a warning, so it fails;
+* ``-b doctest -W --keep-going`` on ``docs/``: runs the doctest examples of the pages (conventions,
+  Laplace, VI) and of the docstrings that the API page includes, and compares their printed output
+  with the expected output (``exec_code_run=0``: the ``exec-code`` blocks ran in the HTML build);
 * ``-b html -W --keep-going`` on a copy of ``docs/`` in which the optional ``benchmarks`` page
   (written elsewhere in the project) is toggled: present if ``docs/`` lacks it, absent if ``docs/``
-  has it. Together with the first run this covers both states.
+  has it. Together with the first run this covers both states (``exec_code_run=0``);
+* ``-b html`` on a two-page project that uses only the ``exec_code`` extension: a block that
+  prints shows its output, a block that raises is reported as a warning naming its page and line.
 
-The content checks look for each public name's anchor on the API page and for MathJax math.
+The content checks look for each public name's anchor on the API page, for MathJax math, for the
+quickstart's executed output and for every gallery figure.
 """
 
 from __future__ import annotations
@@ -34,12 +39,44 @@ DOCS = ROOT / "docs"
 TIMEOUT = 600  # seconds per build; a normal run takes well under a minute
 
 
-def _sphinx(builder: str, source: Path, out: Path) -> subprocess.Popen:
+def _sphinx(builder: str, source: Path, out: Path, *, run_code: bool = True, strict: bool = True) -> subprocess.Popen:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", builder,
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "sphinx", *(["-W", "--keep-going"] if strict else []), "-b", builder,
            "-d", str(out / "doctrees"), str(source), str(out / builder)]  # fmt: skip
+    if not run_code:
+        cmd[3:3] = ["-D", "exec_code_run=0"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+EXEC_CODE_CONF = f"""
+import sys
+sys.path.insert(0, {str(DOCS / "_ext")!r})
+extensions = ["exec_code"]
+exec_code_setup = "offset = 40"
+"""
+EXEC_CODE_GOOD = """Good
+====
+
+.. exec-code::
+
+    answer = offset + 2
+    print("the answer is", answer)
+
+.. exec-code::
+   :hide-code:
+
+    print("still", answer)
+"""
+EXEC_CODE_BAD = """Bad
+===
+
+.. exec-code::
+
+    print("before the error")
+    raise RuntimeError("planted failure")
+"""
 
 
 def _finish(process: subprocess.Popen) -> tuple[int, str]:
@@ -65,10 +102,21 @@ def builds(tmp_path_factory):
     else:
         benchmarks.write_text("Benchmarks\n==========\n\nA stand-in page for the toggled build.\n")
 
+    tiny = base / "exec-code-src"
+    tiny.mkdir()
+    (tiny / "conf.py").write_text(EXEC_CODE_CONF)
+    (tiny / "index.rst").write_text("Index\n=====\n\n.. toctree::\n\n   good\n   bad\n")
+    (tiny / "good.rst").write_text(EXEC_CODE_GOOD)
+    (tiny / "bad.rst").write_text(EXEC_CODE_BAD)
+
     runs = {
         "html": (_sphinx("html", DOCS, base / "main"), base / "main" / "html"),
-        "doctest": (_sphinx("doctest", DOCS, base / "main-doctest"), base / "main-doctest" / "doctest"),
-        "toggled": (_sphinx("html", toggled, base / "toggled"), base / "toggled" / "html"),
+        "doctest": (
+            _sphinx("doctest", DOCS, base / "main-doctest", run_code=False),
+            base / "main-doctest" / "doctest",
+        ),
+        "toggled": (_sphinx("html", toggled, base / "toggled", run_code=False), base / "toggled" / "html"),
+        "exec_code": (_sphinx("html", tiny, base / "exec-code", strict=False), base / "exec-code" / "html"),
     }
     return {name: (*_finish(process), out) for name, (process, out) in runs.items()}
 
@@ -77,7 +125,11 @@ def test_html_builds_without_warnings(builds):
     returncode, output, out = builds["html"]
     assert returncode == 0, output
     assert "WARNING" not in output and "ERROR" not in output, output
-    for page in ["index", "installation", "quickstart", "conventions", "api"]:
+    pages = ["index", "installation", "quickstart", "concepts", "conventions", "api", "reliability",
+             "benchmarks_vectorized", "tutorials/index", "tutorials/sgmcmc", "tutorials/chains", "laplace", "vi",
+             "tutorials/uncertainty", "gallery/index", "gallery/cold_posterior", "gallery/continual_learning",
+             "gallery/ood_detection", "gallery/double_well"]  # fmt: skip
+    for page in pages:
         assert (out / f"{page}.html").exists(), page
     index = (out / "index.html").read_text(encoding="utf-8")
     assert ("benchmarks.html" in index) == (DOCS / "benchmarks.rst").exists()
@@ -88,7 +140,7 @@ def test_doctest_examples_pass(builds):
     assert returncode == 0, output
     assert "0 failures in tests" in output, output
     # The examples really ran: each page with code reports its own tests.
-    for page in ["quickstart", "conventions", "api"]:
+    for page in ["conventions", "laplace", "vi", "api"]:
         assert f"Document: {page}" in output, output
     total = int(re.search(r"^\s*(\d+) tests$", output, flags=re.MULTILINE).group(1))
     assert total >= 50, output
@@ -113,3 +165,47 @@ def test_optional_benchmarks_page_toggled(builds):
     assert returncode == 0, output
     index = (out / "index.html").read_text(encoding="utf-8")
     assert ("benchmarks.html" in index) != (DOCS / "benchmarks.rst").exists()
+
+
+def test_quickstart_and_tutorials_are_executed_at_build_time(builds):
+    """The exec-code blocks ran in the HTML build: their printed output is in the pages."""
+    _, _, out = builds["html"]
+    quickstart = (out / "quickstart.html").read_text(encoding="utf-8")
+    assert quickstart.count("exec-code-output") >= 4, "the quickstart's blocks printed nothing"
+    # numbers that only a run produces: the sample and exact posterior lines and nested R-hat
+    assert re.search(r"exact\s+1\.\d{4}\s+0\.04\d\d", quickstart), "no exact-posterior line"
+    assert re.search(r"SGHMC\s+1\.\d{4}\s+0\.0\d{3}", quickstart), "no SGHMC line"
+    assert re.search(r"nested R-hat 1\.\d{4}", quickstart), "no nested R-hat line"
+    for page, blocks in [("tutorials/sgmcmc", 5), ("tutorials/chains", 5), ("tutorials/uncertainty", 2)]:
+        html = (out / f"{page}.html").read_text(encoding="utf-8")
+        assert html.count("exec-code-output") == blocks, page  # every block printed something
+        assert "Traceback" not in html, page
+
+
+def test_gallery_shows_every_example_figure(builds):
+    _, _, out = builds["html"]
+    gallery = (out / "gallery" / "index.html").read_text(encoding="utf-8")
+    for name in ["cold_posterior", "continual_learning", "ood_detection", "double_well"]:
+        assert (ROOT / "examples" / f"{name}.py").exists(), name
+        assert f"{name}.png" in gallery, name
+        assert f'href="{name}.html"' in gallery, name
+        page = (out / "gallery" / f"{name}.html").read_text(encoding="utf-8")
+        assert f"{name}.png" in page, name
+        assert (out / "_images" / f"{name}.png").exists(), name
+
+
+def test_exec_code_directive(builds):
+    """Output of a good block is shown, the setup snippet and the page namespace are shared, and a
+    failing block is a warning that names its page and line (so ``-W`` fails the build)."""
+    returncode, output, out = builds["exec_code"]
+    assert returncode == 0, output  # no -W here: the failure must be reported, not fatal
+    good = (out / "good.html").read_text(encoding="utf-8")
+    assert "the answer is 42" in good and "still 42" in good, good
+    assert "&quot;the answer is&quot;" in good  # the first block's code is shown (highlighted)
+    assert good.count("exec-code-output") == 2
+    assert "&quot;still&quot;" not in good  # :hide-code: the second block's code is not shown
+    warnings = [line for line in output.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "bad.rst:4" in warnings[0] and "exec-code block failed" in warnings[0], output
+    assert "planted failure" in output
+    bad = (out / "bad.html").read_text(encoding="utf-8")
+    assert "before the error" in bad and "RuntimeError: planted failure" in bad

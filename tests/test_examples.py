@@ -138,7 +138,40 @@ def check_ood_detection(results: dict) -> None:
     assert (Path(results["png"]).parent / "ood_detection.md").read_text().count("|") > 20
 
 
+def check_cold_posterior(results: dict) -> None:
+    config = results["config"]
+    assert config["tiny"] is True
+    temperatures = [str(t) for t in config["temperatures"]]
+    assert len(temperatures) >= 2
+    methods = ["MAP", "Laplace EF (sampled)", "Laplace EF (linearised)", "Laplace GGN (sampled)",
+               "Laplace GGN (linearised)", "VI", "serial SGHMC", "parallel SGHMC"]  # fmt: skip
+    assert results["methods"] == methods and list(results["summary"]) == methods
+    assert len(results["per_seed"]) == config["seeds"]
+    for run in results["per_seed"]:
+        assert list(run["results"]["MAP"]) == ["-"]  # MAP has no temperature
+        for method in methods[1:]:
+            assert list(run["results"][method]) == temperatures, method
+        for method, by_t in run["results"].items():
+            for t, row in by_t.items():
+                assert 0.0 <= row["accuracy"] <= 1.0 and _finite(row["nll"]) and row["nll"] > 0, (method, t)
+                assert row["num_draws"] >= 1 and (method != "MAP" or row["num_draws"] == 1), (method, t)
+        for method in ("serial SGHMC", "parallel SGHMC"):
+            for t in temperatures:
+                assert run["results"][method][t]["divergences"] == 0, (method, t)
+        assert run["results"]["parallel SGHMC"][temperatures[0]]["num_draws"] == config["chains"]
+        assert run["results"]["serial SGHMC"][temperatures[0]]["num_draws"] == config["serial_draws"]
+    # the summary is the mean over seeds of the per-seed numbers
+    for method in methods:
+        for t, cell in results["summary"][method].items():
+            values = [run["results"][method][t]["nll"] for run in results["per_seed"]]
+            assert math.isclose(cell["nll"]["mean"], sum(values) / len(values), rel_tol=1e-9), (method, t)
+    png = Path(results["png"])
+    assert png.name == "cold_posterior.png" and png.stat().st_size > 10_000
+    assert (png.parent / "cold_posterior.md").read_text().count("|") > 40
+
+
 CHECKS = {
+    "cold_posterior": check_cold_posterior,
     "quickstart": check_quickstart,
     "bnn_digits": check_bnn_digits,
     "double_well": check_double_well,
