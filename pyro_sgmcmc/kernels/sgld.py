@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_uniform
@@ -74,13 +74,27 @@ class SGLD(SGMCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: Union[float, Schedule, Callable[[int], float]] = 1e-3,
+        step_size: Union[None, float, Schedule, Callable[[int], float]] = None,
         temperature: float = 1.0,
         num_data: Optional[int] = None,
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
+        *,
+        adapt_mass_matrix: bool = False,
+        full_mass: Optional[bool] = None,
+        control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
     ) -> None:
-        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
+        super().__init__(
+            model,
+            step_size,
+            temperature,
+            num_data,
+            init_strategy,
+            on_divergence,
+            adapt_mass_matrix=adapt_mass_matrix,
+            full_mass=full_mass,
+            control_variate=control_variate,
+        )
 
     def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise):
         return langevin_step(state.position, drift, step_size, self.noise_temperature, noise), None, None

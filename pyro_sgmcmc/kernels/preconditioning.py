@@ -1,0 +1,341 @@
+"""Preconditioning (a constant mass matrix) and its warmup adaptation, for all three kernels.
+
+The preconditioned dynamics are the plain dynamics run in linearly transformed coordinates.
+Each chain ``c`` has a factor :math:`L_c` (diagonal, or lower triangular with ``full_mass=True``)
+and the kernel's update rule runs on :math:`w = L_c^{-1} z`, whose normalised drift is
+:math:`L_c^\\top N^{-1} \\nabla \\log \\pi(z)`. Mapped back to :math:`z` this is the general recipe
+:math:`dz = (D + Q) N^{-1} \\nabla \\log \\pi\\, dt + \\sqrt{2 \\mathcal{T} D}\\, dw` with constant
+:math:`D` (for SGLD, :math:`D = P = L L^\\top`):
+
+.. math:: z' = z + \\epsilon P\\, N^{-1} \\nabla \\log \\pi(z) + \\sqrt{2 \\epsilon \\mathcal{T}}\\, L \\zeta,
+
+and for SGHMC/SGNHT a mass matrix :math:`M = \\sigma^2 P^{-1}` with friction matrix
+:math:`\\alpha P^{-1}` (uniform damping :math:`\\alpha / \\sigma^2` per unit time in every direction).
+A *constant* linear change of variables leaves the target invariant, so while :math:`L` is frozen
+the chain targets exactly the same tempered posterior :math:`\\pi^{1/T}` (no correction term is
+missing, unlike position-dependent preconditioners such as pSGLD, Li et al. 2016, whose
+:math:`\\Gamma(z)` term is usually dropped). The momentum (and thermostat) live in :math:`w`
+units. The update rules are translation invariant in the position, so the kernel computes the
+displacement from :math:`w = 0` and adds :math:`L\\, \\Delta w` to :math:`z`: no inverse of
+:math:`L` is ever needed.
+
+Units. :math:`P` is chosen so that the normalised curvature in :math:`w` is about 1 in every
+direction: for a Gaussian posterior with covariance :math:`\\Sigma` (at temperature ``T``) that
+is :math:`P = (N / T) \\Sigma`. A step size with preconditioning is therefore in *preconditioned
+units*, independent of the scales of the parameters and of ``N``.
+
+Adaptation (``adapt_mass_matrix=True``), per chain, during warmup only (Stan's scheme):
+
+1. *Initial buffer* (first 15 % of warmup): the local Gaussian. :math:`H`, the normalised
+   Hessian of the potential at the chain's point, is computed from central differences of
+   minibatch gradients (the same minibatch on both sides, one probe per coordinate) for
+   ``dim <= 64``; its eigenvalues are taken in absolute value (so an indefinite Hessian far from
+   the mode still gives a metric) and :math:`P = |H|^{-1}` (``full_mass``) or its diagonal. For
+   larger ``dim`` only the diagonal of :math:`H` is estimated (16 Rademacher probes) and
+   :math:`P = 1 / |\\mathrm{diag}(H)|` (Jacobi). It is computed at set-up and
+   again after 1/4, 1/2 and all of the buffer, as the chain moves into the typical set. The
+   position's own variance cannot be used yet: the chain has not reached the typical set.
+2. *Slow windows* (the next 75 %): windows of 25, 50, 100, ... steps (the last one absorbs the
+   remainder). In each, the mean and (co)variance of the chain's positions are accumulated
+   (Welford); at its end :math:`\\Sigma` is shrunk towards the current one,
+   :math:`\\hat\\Sigma = (n \\Sigma_{window} + 5 \\Sigma_{current}) / (n + 5)` (Stan shrinks towards
+   a small multiple of the identity instead, which has no meaning in unscaled coordinates), and
+   :math:`P = (N / T) \\hat\\Sigma`.
+3. *Terminal buffer* (last 10 %): :math:`P` is fixed and the chain settles with it.
+
+After warmup :math:`P` is frozen: the sampling phase targets the exact tempered posterior (up to
+the usual :math:`O(\\epsilon)` bias of the discretisation and the gradient noise). Each chain
+adapts from its own draws only, so the chains stay independent (needed by R-hat); vectorised
+chains of one superchain therefore get different (but similar) mass matrices.
+
+Step size (when ``step_size`` is left at ``None``): each time :math:`P` changes, the largest
+curvature :math:`\\lambda_{max}` of the preconditioned Hessian :math:`L^\\top H L` is estimated at
+every chain's point by 12 power iterations (central-difference Hessian-vector products) and the
+step size set to :math:`c / \\sqrt{\\lambda_{max}}` for SGHMC and SGNHT (:math:`c = 0.4`: the
+symplectic-Euler variance bias along the stiffest direction is about :math:`c^2 / 4 = 4 \\%`) and
+:math:`c / \\lambda_{max}` for SGLD (:math:`c = 0.1`: the Euler variance bias
+:math:`\\epsilon \\lambda / 2` is at most 5 %), with the largest :math:`\\lambda_{max}` over the
+chains (one step size for all). It is frozen with :math:`P` at the end of warmup.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+
+__all__ = ["MassMatrixAdaptation", "adaptation_schedule", "DENSE_MAX_DIM"]
+
+#: ``full_mass=None`` chooses a dense mass matrix up to this dimension (O(dim^2) per step and chain).
+DENSE_MAX_DIM = 64
+_EXACT_DIAGONAL_MAX_DIM = 64
+_NUM_PROBES = 16
+_POWER_ITERATIONS = 12
+#: ``c`` of the step-size heuristic: ``c / lambda_max`` (first order) or ``c / sqrt(lambda_max)``.
+STEP_CONSTANTS = {"first_order": 0.1, "second_order": 0.4}
+#: Largest accepted relative inflation of the stationary variance by gradient noise.
+NOISE_INFLATION = 0.1
+_NOISE_MINIBATCHES = 8
+
+
+def adaptation_schedule(warmup_steps: int, num_probes: int = 8) -> Tuple[List[int], List[int]]:
+    """Warmup steps after which the curvature is probed: ``(initial, slow)``.
+
+    Initial buffer (first 15 % of warmup): after 1/4, 1/2 and all of it, each probe *replaces* the
+    metric. Slow phase (the next 75 %): ``num_probes`` evenly spaced probes whose Hessians are
+    *averaged*. Terminal buffer (last 10 %): no probes, the metric is final.
+    """
+    if warmup_steps <= 0:
+        return [], []
+    init_end = max(1, int(0.15 * warmup_steps))
+    term_start = warmup_steps - int(0.10 * warmup_steps)
+    initial = sorted({s for s in (init_end // 4, init_end // 2, init_end) if s > 0})
+    slow_length = term_start - init_end
+    count = min(num_probes, slow_length)
+    slow = sorted({init_end + round((k + 1) * slow_length / count) for k in range(count)}) if count > 0 else []
+    return initial, [s for s in slow if s not in initial]
+
+
+class MassMatrixAdaptation:
+    """The per-chain preconditioner of a kernel and its warmup adaptation (see the module docstring).
+
+    Parameters
+    ----------
+    warmup_steps : int
+        Warmup length; adaptation happens only there.
+    full_mass : bool
+        Dense factor ``(C, D, D)`` instead of a diagonal ``(C, D)``.
+    adapt_step_size : bool
+        Re-derive the step size from the preconditioned curvature whenever ``P`` changes.
+    second_order : bool
+        Whether the kernel has momentum (SGHMC, SGNHT): sets the step-size rule.
+    temperature : float
+        ``T > 0``.
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int,
+        full_mass: bool,
+        adapt_step_size: bool,
+        second_order: bool,
+        temperature: float,
+    ) -> None:
+        self.warmup_steps = int(warmup_steps)
+        self.full_mass = bool(full_mass)
+        self.adapt_step_size = bool(adapt_step_size)
+        self.second_order = bool(second_order)
+        self.temperature = float(temperature)
+        self.initial_probes, self.slow_probes = adaptation_schedule(self.warmup_steps)
+        self.factor: Optional[torch.Tensor] = None  # (C, D) or (C, D, D)
+        self.step_size: Optional[float] = None
+        self.count = 0  # Hessians summed in the slow phase
+        self.hessian_sum: Optional[torch.Tensor] = None
+        self.num_extra_evaluations = 0  # gradient evaluations (per chain) spent on probes
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        def cpu(t):
+            return None if t is None else t.cpu().clone()
+
+        return {
+            "factor": cpu(self.factor),
+            "step_size": self.step_size,
+            "count": self.count,
+            "hessian_sum": cpu(self.hessian_sum),
+            "num_extra_evaluations": self.num_extra_evaluations,
+        }
+
+    def load_state_dict(self, saved: dict, device: torch.device) -> None:
+        def dev(t):
+            return None if t is None else t.to(device)
+
+        self.factor = dev(saved["factor"])
+        self.step_size = saved["step_size"]
+        self.count = saved["count"]
+        self.hessian_sum = dev(saved["hessian_sum"])
+        self.num_extra_evaluations = saved["num_extra_evaluations"]
+
+    # ------------------------------------------------------------------ hot path
+    def transition(self, kernel, state, drift: torch.Tensor, step_size: float, noise):
+        """The kernel's update in :math:`w` coordinates, mapped back to :math:`z`."""
+        factor = self.factor
+        if self.full_mass:
+            drift_w = torch.einsum("cji,cj->ci", factor, drift)
+        else:
+            drift_w = drift * factor
+        w_state = state._replace(position=torch.zeros_like(state.position))
+        displacement, momentum, thermostat = kernel._transition(w_state, drift_w, step_size, noise)
+        if self.full_mass:
+            displacement = torch.einsum("cij,cj->ci", factor, displacement)
+        else:
+            displacement = displacement * factor
+        return state.position + displacement, momentum, thermostat
+
+    # ------------------------------------------------------------------ adaptation
+    def setup(self, kernel, position: torch.Tensor) -> None:
+        """First metric (the local Gaussian at the initial points) and the step size from it."""
+        self._set_metric(kernel, position, _hessian(kernel, position))
+
+    def update(self, kernel, step: int, position: torch.Tensor) -> None:
+        """After warmup step ``step`` (1-based count of steps taken) at ``position``."""
+        if step in self.initial_probes:
+            self._set_metric(kernel, position, _hessian(kernel, position))
+        elif step in self.slow_probes:
+            hessian = _hessian(kernel, position)
+            self.hessian_sum = hessian if self.hessian_sum is None else self.hessian_sum + hessian
+            self.count += 1
+            self._set_metric(kernel, position, self.hessian_sum / self.count)
+
+    def _set_metric(self, kernel, position: torch.Tensor, hessian: torch.Tensor) -> None:
+        """``P = |H / N|^{-1}`` (dense or its diagonal), or Jacobi ``1 / |diag H / N|`` for large ``dim``."""
+        hessian = hessian / kernel.potential.num_data
+        tiny = torch.finfo(position.dtype).tiny
+        if hessian.dim() == 3:  # (C, D, D): eigenvalues in absolute value (SoftAbs-like)
+            hessian = 0.5 * (hessian + hessian.transpose(-1, -2))
+            hessian = torch.where(torch.isfinite(hessian), hessian, torch.zeros_like(hessian))
+            eigenvalues, vectors = torch.linalg.eigh(hessian)
+            curvature = eigenvalues.abs()
+            floor = curvature.amax(-1, keepdim=True) * 1e-12 + tiny
+            factor = vectors * curvature.maximum(floor).rsqrt().unsqueeze(-2)  # V |Lambda|^-1/2
+            if self.full_mass:
+                self.factor = factor
+            else:  # the diagonal of |H|^-1: the marginal variances of the local Gaussian (times N / T)
+                self.factor = (factor * factor).sum(-1).sqrt()
+        else:  # (C, D) diagonal only (large D): Jacobi, P = 1 / |diag H|
+            curvature = torch.where(torch.isfinite(hessian), hessian.abs(), torch.ones_like(hessian))
+            floor = curvature.amax(-1, keepdim=True) * 1e-12 + tiny
+            scale = curvature.maximum(floor).rsqrt()
+            self.factor = torch.diag_embed(scale) if self.full_mass else scale
+        self._set_step_size(kernel, position)
+
+    def _set_step_size(self, kernel, position: torch.Tensor) -> None:
+        if not self.adapt_step_size:
+            return
+        lam = float(_largest_curvature(kernel, position, self).max())
+        if not math.isfinite(lam) or lam <= 0:
+            return
+        if self.second_order:
+            step_size = STEP_CONSTANTS["second_order"] / math.sqrt(lam)
+        else:
+            step_size = STEP_CONSTANTS["first_order"] / lam
+        noise = float(_drift_noise(kernel, position, self).max())  # largest per-step drift variance, w units
+        damping = _noise_damping(kernel)
+        if noise > 0 and math.isfinite(noise) and damping > 0:
+            # gradient noise inflates the kinetic (SGLD: the position) temperature by eps N V / (2 alpha T)
+            limit = 2.0 * damping * self.temperature * NOISE_INFLATION / (kernel.potential.num_data * noise)
+            step_size = min(step_size, limit)
+        self.step_size = step_size
+
+
+def _noise_damping(kernel) -> float:
+    """:math:`\\alpha` in the gradient-noise inflation :math:`\\epsilon N V / (2 \\alpha T)` (1 for SGLD)."""
+    if kernel.state.momentum is None:
+        return 1.0
+    value = getattr(kernel, "friction", None)
+    if value is None:  # SGNHT: the thermostat settles near the injected-noise coefficient (or above)
+        value = getattr(kernel, "diffusion", 1.0)
+    return float(value)
+
+
+def _drift_noise(kernel, position: torch.Tensor, adaptation: "MassMatrixAdaptation") -> torch.Tensor:
+    """Per-chain largest variance over coordinates of the minibatch drift in w units, ``(C,)``,
+    from ``_NOISE_MINIBATCHES`` minibatches at the current points (0 for a full-batch model)."""
+    if not kernel.minibatches.plates:
+        return position.new_zeros(position.shape[0])
+    drifts = []
+    for _ in range(_NOISE_MINIBATCHES):
+        _, grad = kernel._evaluate(position, kernel.minibatches.next())
+        drift = grad / kernel.potential.num_data
+        factor = adaptation.factor
+        drifts.append(torch.einsum("cji,cj->ci", factor, drift) if adaptation.full_mass else drift * factor)
+    adaptation.num_extra_evaluations += _NOISE_MINIBATCHES
+    variance = torch.stack(drifts).var(0)
+    variance = torch.where(torch.isfinite(variance), variance, torch.zeros_like(variance))
+    return variance.amax(-1)
+
+
+# ---------------------------------------------------------------------------- curvature probes
+def _probe(kernel, points: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Central differences ``(g(z + h u) - g(z - h u)) / (2 h)`` of the (unnormalised) gradient of U.
+
+    ``points`` ``(C, D)``, ``directions`` ``(C, K, D)``, ``steps`` ``(C, K)``; returns ``(C, K, D)``.
+    Both sides of a probe use the same minibatch; all probes run in one vectorised call.
+    """
+    C, K, D = directions.shape
+    shift = directions * steps.unsqueeze(-1)
+    plus = (points.unsqueeze(1) + shift).reshape(C * K, D)
+    minus = (points.unsqueeze(1) - shift).reshape(C * K, D)
+    indices = kernel.minibatches.next()  # (C, B) per plate: chain c's minibatch for all its probes
+    rows = {k: v.repeat_interleave(K, 0) for k, v in indices.items()}
+    both = {k: torch.cat([v, v]) for k, v in rows.items()}
+    _, grads = kernel._evaluate(torch.cat([plus, minus]), both)
+    difference = (grads[: C * K] - grads[C * K :]).reshape(C, K, D)
+    adaptation = kernel._adaptation
+    if adaptation is not None:
+        adaptation.num_extra_evaluations += 2 * K
+    return difference / (2 * steps.unsqueeze(-1))
+
+
+def _difference_step(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps ** (1.0 / 3.0)
+
+
+def _hessian(kernel, position: torch.Tensor) -> torch.Tensor:
+    """The Hessian of U at each chain's point, ``(C, D, D)`` (``dim <= 64``: one probe per
+    coordinate), or only its diagonal ``(C, D)`` from Rademacher probes for larger ``dim``."""
+    C, D = position.shape
+    h = _difference_step(position.dtype)
+    if D <= _EXACT_DIAGONAL_MAX_DIM:
+        eye = torch.eye(D, dtype=position.dtype, device=position.device)
+        directions = eye.expand(C, D, D)
+        steps = h * position.abs().clamp_min(1.0)  # (C, D): one probe per coordinate
+        return _probe(kernel, position, directions, steps)  # row i: H e_i
+    # Rademacher probes (deterministic signs: no draw from the chains' streams)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    signs = (torch.randint(0, 2, (_NUM_PROBES, D), generator=generator) * 2 - 1).to(position)
+    directions = signs.expand(C, _NUM_PROBES, D)
+    steps = torch.full((C, _NUM_PROBES), h, dtype=position.dtype, device=position.device)
+    steps = steps * position.abs().amax(-1, keepdim=True).clamp_min(1.0) / math.sqrt(D)
+    hv = _probe(kernel, position, directions, steps)
+    return (hv * directions).mean(1)
+
+
+def _largest_curvature(kernel, position: torch.Tensor, adaptation: MassMatrixAdaptation) -> torch.Tensor:
+    """Power iteration for the largest |eigenvalue| of :math:`L^\\top H L / N` per chain, ``(C,)``."""
+    C, D = position.shape
+    factor = adaptation.factor
+    full = adaptation.full_mass
+    h = _difference_step(position.dtype)
+    v = torch.ones(C, D, dtype=position.dtype, device=position.device)
+    v = v + 0.1 * torch.linspace(-1, 1, D, dtype=position.dtype, device=position.device)  # not an eigenvector
+    v = v / v.norm(dim=-1, keepdim=True)
+    lam = torch.zeros(C, dtype=position.dtype, device=position.device)
+    num_data = kernel.potential.num_data
+    for _ in range(_POWER_ITERATIONS):
+        u = torch.einsum("cij,cj->ci", factor, v) if full else factor * v  # z-space direction
+        size = u.norm(dim=-1).clamp_min(torch.finfo(u.dtype).tiny)
+        steps = (h * position.abs().amax(-1).clamp_min(1.0) / size).unsqueeze(-1)
+        hu = _probe(kernel, position, u.unsqueeze(1), steps).squeeze(1) / num_data
+        hv = torch.einsum("cji,cj->ci", factor, hu) if full else factor * hu
+        lam = (hv * v).sum(-1).abs()
+        norm = hv.norm(dim=-1, keepdim=True)
+        ok = torch.isfinite(norm) & (norm > 0)
+        v = torch.where(ok, hv / norm.clamp_min(torch.finfo(norm.dtype).tiny), v)
+    return torch.where(torch.isfinite(lam), lam, torch.zeros_like(lam))
+
+
+def _cholesky(matrix: torch.Tensor) -> torch.Tensor:
+    """Cholesky factor of a batch of symmetric PSD matrices, with growing jitter if needed."""
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    if not bool((info > 0).any()):
+        return factor
+    diag = torch.diagonal(matrix, dim1=-2, dim2=-1)
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    for jitter in (1e-10, 1e-8, 1e-6, 1e-4, 1e-2):
+        shifted = matrix + jitter * diag.abs().amax(-1, keepdim=True).unsqueeze(-1) * eye
+        factor, info = torch.linalg.cholesky_ex(shifted)
+        if not bool((info > 0).any()):
+            return factor
+    return torch.diag_embed(diag.clamp_min(torch.finfo(matrix.dtype).tiny).sqrt())
