@@ -25,7 +25,7 @@ estimates is exactly the full-data value.
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Dict, Mapping, Tuple, Union
 
 import torch
 
