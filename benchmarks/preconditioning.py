@@ -92,7 +92,7 @@ def run_ours(folder, kernel_name, warmup, samples, chains, seed):
 
 
 def run_nuts(folder, full_mass, warmup, samples, seed):
-    model, n, names = build(folder, None)
+    model, n, names = build(folder, None, proper=True)  # NUTS's set-up samples the prior: no ImproperUniform
     counter = {"calls": 0}
 
     def counted(*args, **kwargs):

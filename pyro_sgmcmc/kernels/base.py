@@ -397,7 +397,12 @@ class SGMCMCKernel(MCMCKernel):
         self.step_size = self._initial_step_size  # a new run starts from the user's step size
         dense = self.full_mass if self.full_mass is not None else self.state.position.shape[-1] <= DENSE_MAX_DIM
         self._adaptation = MassMatrixAdaptation(
-            warmup_steps, dense, self._adapt_step_size, self.state.momentum is not None, self.temperature
+            warmup_steps,
+            dense,
+            self._adapt_step_size,
+            self.state.momentum is not None,
+            self.temperature,
+            thermostat=self.state.thermostat is not None,
         )
         self._adaptation.setup(self, self.state.position)
         self._adapting = warmup_steps > 0

@@ -51,8 +51,10 @@ chains of one superchain therefore get different (but similar) mass matrices.
 Step size (when ``step_size`` is left at ``None``): each time :math:`P` changes, the largest
 curvature :math:`\\lambda_{max}` of the preconditioned Hessian :math:`L^\\top H L` is estimated at
 every chain's point by 12 power iterations (central-difference Hessian-vector products) and the
-step size set to :math:`c / \\sqrt{\\lambda_{max}}` for SGHMC and SGNHT (:math:`c = 0.4`: the
-symplectic-Euler variance bias along the stiffest direction is about :math:`c^2 / 4 = 4 \\%`) and
+step size set to :math:`c / \\sqrt{\\lambda_{max}}` for SGHMC (:math:`c = 0.4`: the symplectic-Euler
+variance bias along the stiffest direction is about :math:`c^2 / 4 = 4 \\%`), for SGNHT with
+:math:`c = 0.1` (its thermostat :math:`\\xi` fluctuates, and the momentum update is unstable once
+:math:`\\epsilon \\xi > 2`; with :math:`c = 0.4` a 3-dimensional Gaussian blew up), and
 :math:`c / \\lambda_{max}` for SGLD (:math:`c = 0.1`: the Euler variance bias
 :math:`\\epsilon \\lambda / 2` is at most 5 %), with the largest :math:`\\lambda_{max}` over the
 chains (one step size for all). It is frozen with :math:`P` at the end of warmup.
@@ -73,7 +75,7 @@ _EXACT_DIAGONAL_MAX_DIM = 64
 _NUM_PROBES = 16
 _POWER_ITERATIONS = 12
 #: ``c`` of the step-size heuristic: ``c / lambda_max`` (first order) or ``c / sqrt(lambda_max)``.
-STEP_CONSTANTS = {"first_order": 0.1, "second_order": 0.4}
+STEP_CONSTANTS = {"first_order": 0.1, "second_order": 0.4, "thermostat": 0.1}
 #: Largest accepted relative inflation of the stationary variance by gradient noise.
 NOISE_INFLATION = 0.1
 _NOISE_MINIBATCHES = 8
@@ -112,6 +114,8 @@ class MassMatrixAdaptation:
         Whether the kernel has momentum (SGHMC, SGNHT): sets the step-size rule.
     temperature : float
         ``T > 0``.
+    thermostat : bool
+        Whether the kernel is SGNHT (a smaller step-size constant, see the module docstring).
     """
 
     def __init__(
@@ -121,8 +125,10 @@ class MassMatrixAdaptation:
         adapt_step_size: bool,
         second_order: bool,
         temperature: float,
+        thermostat: bool = False,
     ) -> None:
         self.warmup_steps = int(warmup_steps)
+        self.thermostat = bool(thermostat)
         self.full_mass = bool(full_mass)
         self.adapt_step_size = bool(adapt_step_size)
         self.second_order = bool(second_order)
@@ -216,7 +222,9 @@ class MassMatrixAdaptation:
         lam = float(_largest_curvature(kernel, position, self).max())
         if not math.isfinite(lam) or lam <= 0:
             return
-        if self.second_order:
+        if self.thermostat:  # SGNHT: eps * xi must stay well below 2 while the thermostat fluctuates
+            step_size = STEP_CONSTANTS["thermostat"] / math.sqrt(lam)
+        elif self.second_order:
             step_size = STEP_CONSTANTS["second_order"] / math.sqrt(lam)
         else:
             step_size = STEP_CONSTANTS["first_order"] / lam
