@@ -213,7 +213,8 @@ def test_posteriordb_regressions_with_default_settings(folder, kernel_cls):
     torch.set_default_dtype(torch.float64)
     try:
         model, _, names = build(folder)
-        kernel = kernel_cls(model, adapt_mass_matrix=True, init_strategy=init_to_value(values=least_squares_init(folder)))
+        start = init_to_value(values=least_squares_init(folder))
+        kernel = kernel_cls(model, adapt_mass_matrix=True, init_strategy=start)
         mcmc = MCMC(kernel, num_samples=1000, warmup_steps=600, num_chains=16, chain_method="vectorized", seed=0,
                     disable_progbar=True)  # fmt: skip
         mcmc.run()
