@@ -24,29 +24,39 @@ direction: for a Gaussian posterior with covariance :math:`\\Sigma` (at temperat
 is :math:`P = (N / T) \\Sigma`. A step size with preconditioning is therefore in *preconditioned
 units*, independent of the scales of the parameters and of ``N``.
 
-Adaptation (``adapt_mass_matrix=True``), per chain, during warmup only (Stan's scheme):
+Adaptation (``adapt_mass_matrix=True``), per chain, during warmup only. The metric is the inverse
+of the *curvature* of the potential averaged over the chain's own warmup draws,
+:math:`P = |\\bar H|^{-1}` with :math:`\\bar H` the mean normalised Hessian :math:`\\nabla^2 U / N`
+(for a Gaussian posterior exactly :math:`(N / T) \\Sigma`; ``full_mass``: dense; otherwise the diagonal
+of :math:`|\\bar H|^{-1}`, the marginal variances of the local Gaussian, times :math:`N / T`). Each
+Hessian comes from central differences of minibatch gradients at the chain's point (the same
+minibatch on both sides, one probe per coordinate, batched over chains in one vectorised call,
+``2 dim`` gradient evaluations per chain); its eigenvalues are taken in absolute value, so an
+indefinite Hessian far from the mode still gives a metric. For ``dim > 64`` only the diagonal of
+:math:`H` is estimated (16 Rademacher probes) and :math:`P = 1 / |\\mathrm{diag}\\, \\bar H|`
+(Jacobi). The schedule follows Stan's (:func:`adaptation_schedule`):
 
-1. *Initial buffer* (first 15 % of warmup): the local Gaussian. :math:`H`, the normalised
-   Hessian of the potential at the chain's point, is computed from central differences of
-   minibatch gradients (the same minibatch on both sides, one probe per coordinate) for
-   ``dim <= 64``; its eigenvalues are taken in absolute value (so an indefinite Hessian far from
-   the mode still gives a metric) and :math:`P = |H|^{-1}` (``full_mass``) or its diagonal. For
-   larger ``dim`` only the diagonal of :math:`H` is estimated (16 Rademacher probes) and
-   :math:`P = 1 / |\\mathrm{diag}(H)|` (Jacobi). It is computed at set-up and
-   again after 1/4, 1/2 and all of the buffer, as the chain moves into the typical set. The
-   position's own variance cannot be used yet: the chain has not reached the typical set.
-2. *Slow windows* (the next 75 %): windows of 25, 50, 100, ... steps (the last one absorbs the
-   remainder). In each, the mean and (co)variance of the chain's positions are accumulated
-   (Welford); at its end :math:`\\Sigma` is shrunk towards the current one,
-   :math:`\\hat\\Sigma = (n \\Sigma_{window} + 5 \\Sigma_{current}) / (n + 5)` (Stan shrinks towards
-   a small multiple of the identity instead, which has no meaning in unscaled coordinates), and
-   :math:`P = (N / T) \\hat\\Sigma`.
-3. *Terminal buffer* (last 10 %): :math:`P` is fixed and the chain settles with it.
+1. *Initial buffer* (first 15 % of warmup): the metric is the Hessian at the current point,
+   recomputed at set-up and after 1/4, 1/2 and all of the buffer, as the chain moves to the typical set.
+2. *Slow phase* (the next 75 %): 8 evenly spaced probes; the metric is the inverse of the mean of
+   the Hessians probed so far.
+3. *Terminal buffer* (last 10 %): the metric is final and the chain settles with it.
+
+Why not Stan's windowed variance of the draws: SG-MCMC draws are strongly autocorrelated, and a
+window of 25-100 steps from a chain that starts at (or near) the mode has not spread out yet, so
+the variance is underestimated, the metric shrinks, the chain slows down further, and the next
+window is worse. Measured on ``sblrc-blr`` (B = 50, 600 warmup steps, SGHMC): windowed variances
+ended 3 to 135 times below the true posterior variances and the bulk ESS of 16,000 draws was
+16; with the curvature metric (dense, same run) the adapted variances are within 10 % and the
+ESS is 230. Curvature
+is a local property: it needs no exploration. Squared gradients (pSGLD's RMSprop estimate, Li et
+al. 2016) measure the same curvature at stationarity (:math:`E[g g^\\top] = (T / N) H`) but are
+inflated by the gradient noise (by up to :math:`N / B`) and wrong far from the mode.
 
 After warmup :math:`P` is frozen: the sampling phase targets the exact tempered posterior (up to
 the usual :math:`O(\\epsilon)` bias of the discretisation and the gradient noise). Each chain
-adapts from its own draws only, so the chains stay independent (needed by R-hat); vectorised
-chains of one superchain therefore get different (but similar) mass matrices.
+adapts from its own draws only, so the chains stay independent (needed by R-hat); the chains of
+one superchain therefore get different (but similar) mass matrices.
 
 Step size (when ``step_size`` is left at ``None``): each time :math:`P` changes, the largest
 curvature :math:`\\lambda_{max}` of the preconditioned Hessian :math:`L^\\top H L` is estimated at
@@ -57,7 +67,11 @@ variance bias along the stiffest direction is about :math:`c^2 / 4 = 4 \\%`), fo
 :math:`\\epsilon \\xi > 2`; with :math:`c = 0.4` a 3-dimensional Gaussian blew up), and
 :math:`c / \\lambda_{max}` for SGLD (:math:`c = 0.1`: the Euler variance bias
 :math:`\\epsilon \\lambda / 2` is at most 5 %), with the largest :math:`\\lambda_{max}` over the
-chains (one step size for all). It is frozen with :math:`P` at the end of warmup.
+chains (one step size for all). With subsampled data the step is further capped so that the
+gradient noise inflates the stationary variance by at most 10 %: the inflation is
+:math:`\\epsilon N V / (2 \\alpha T)` (SGLD: :math:`\\alpha = 1`; SGHMC: the friction; SGNHT: the
+diffusion), with :math:`V` the largest variance of the minibatch drift in :math:`w` units, from 8
+minibatches at the chains' points. It is frozen with :math:`P` at the end of warmup.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ class SGHMC(SGMCMCKernel):
     ----------
     model, step_size, temperature, num_data, init_strategy, on_divergence :
         As for :class:`~pyro_sgmcmc.SGLD`.
+    adapt_mass_matrix, full_mass, control_variate :
+        As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
+        ``friction``) are in preconditioned units.
     friction : float
         :math:`\\alpha \\ge 0`, in units of inverse (normalised) time: the momentum decays by
         :math:`1 - \\epsilon \\alpha / \\sigma^2` per step. Default 1: half the critical damping

@@ -32,6 +32,9 @@ class SGNHT(SGMCMCKernel):
     ----------
     model, step_size, temperature, num_data, init_strategy, on_divergence :
         As for :class:`~pyro_sgmcmc.SGLD`.
+    adapt_mass_matrix, full_mass, control_variate :
+        As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
+        ``friction``) are in preconditioned units.
     diffusion : float
         :math:`\\alpha \\ge 0`, the injected-noise coefficient. Default 1.
     mass : float
