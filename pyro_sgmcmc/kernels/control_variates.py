@@ -66,20 +66,34 @@ def full_data_potential_and_grad(
     return total_u / num_chunks, total_g / num_chunks
 
 
-def _map_estimate(potential: ModelPotential, start: torch.Tensor, max_iter: int = 200) -> torch.Tensor:
-    """Minimise the full-data potential with L-BFGS (strong Wolfe line search) from ``start``."""
-    z = start.detach().clone().requires_grad_(True)
-    optimizer = torch.optim.LBFGS([z], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
-                                  tolerance_grad=1e-10, tolerance_change=1e-14, history_size=20)  # fmt: skip
+def _map_estimate(potential: ModelPotential, start: torch.Tensor, rounds: int = 10, max_iter: int = 100) -> torch.Tensor:
+    """Minimise the full-data potential with L-BFGS (strong Wolfe line search) from ``start``.
+
+    Runs in float64 (the curvature of a concentrated posterior spans many orders of magnitude) and
+    restarts L-BFGS (fresh curvature memory) up to ``rounds`` times while the potential still
+    decreases.
+    """
+    z = start.detach().to(torch.float64).clone().requires_grad_(True)
 
     def closure():
         optimizer.zero_grad()
         u, g = full_data_potential_and_grad(potential, z.detach())
-        z.grad = g
-        return u
+        if not (bool(torch.isfinite(u)) and bool(torch.isfinite(g).all())):
+            # outside the model's domain: a huge loss makes the line search step back
+            u, g = torch.full_like(u, torch.finfo(u.dtype).max / 4), torch.zeros_like(g)
+        z.grad = g.to(z.dtype)
+        return u.to(z.dtype)
 
-    optimizer.step(closure)
-    return z.detach()
+    best = math.inf
+    for _ in range(rounds):
+        optimizer = torch.optim.LBFGS([z], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
+                                      tolerance_grad=1e-12, tolerance_change=1e-15, history_size=20)  # fmt: skip
+        optimizer.step(closure)
+        value = float(full_data_potential_and_grad(potential, z.detach())[0])
+        if not value < best - 1e-12 * abs(best):
+            break
+        best = value
+    return z.detach().to(start.dtype)
 
 
 class ControlVariate:
