@@ -66,7 +66,9 @@ def full_data_potential_and_grad(
     return total_u / num_chunks, total_g / num_chunks
 
 
-def _map_estimate(potential: ModelPotential, start: torch.Tensor, rounds: int = 10, max_iter: int = 100) -> torch.Tensor:
+def _map_estimate(
+    potential: ModelPotential, start: torch.Tensor, rounds: int = 10, max_iter: int = 100
+) -> torch.Tensor:
     """Minimise the full-data potential with L-BFGS (strong Wolfe line search) from ``start``.
 
     Runs in float64 (the curvature of a concentrated posterior spans many orders of magnitude) and

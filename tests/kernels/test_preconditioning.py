@@ -104,8 +104,10 @@ def test_mass_matrix_adapts_per_chain_in_warmup_and_is_frozen_for_sampling():
     def hook(kernel, params, stage, t):
         seen.append((stage, kernel.inverse_mass_matrix.clone(), kernel.step_size(0)))
 
-    kernel = SGHMC(regression_model, adapt_mass_matrix=True, full_mass=False)
-    mcmc = MCMC(kernel, num_samples=30, warmup_steps=100, num_chains=3, chain_method="vectorized", seed=0,
+    fit = torch.linalg.lstsq(x, y.unsqueeze(-1)).solution.squeeze(-1)  # start at the data's fit (not far out)
+    start = init_to_value(values={"w": fit, "sigma": (y - x @ fit).std()})
+    kernel = SGHMC(regression_model, adapt_mass_matrix=True, full_mass=False, init_strategy=start)
+    mcmc = MCMC(kernel, num_samples=30, warmup_steps=200, num_chains=3, chain_method="vectorized", seed=0,
                 disable_progbar=True, hook_fn=hook)  # fmt: skip
     mcmc.run(x, y)
     warm = [m for stage, m, _ in seen if stage == "Warmup"]
@@ -115,14 +117,13 @@ def test_mass_matrix_adapts_per_chain_in_warmup_and_is_frozen_for_sampling():
     final = sampling[0][0]
     assert final.shape == (3, 4) and not torch.equal(final[0], final[1])  # one per chain, from its own draws
     # the adapted metric is the posterior scale: sd of the coefficients differ by about 300x (covariate sds)
-    # exact ratio of the posterior variances of w[1] and w[2] (given sigma it does not depend on it much):
-    # about (0.1 / 30)^2 = 1e-5; the adapted one averages 8 minibatch Hessians (B = 20) at draws, whose
-    # w-sigma cross terms enter the diagonal of the inverse: this checks the scale (a factor 1e5, 1 without
-    # adaptation) to within 4x, not the precision of the estimate (the posteriordb tests check that)
+    # exact ratio of the posterior variances of w[1] and w[2] (given sigma): about (0.1 / 30)^2 = 1e-5, against 1
+    # without adaptation. The adapted one averages 8 minibatch Hessians (B = 20 of 200) at the chain's draws;
+    # over seeds 0-2 (9 chains) it was 0.68-1.23 times the exact ratio, so within 2x is a 1.6x margin.
     w = kernel.potential.unpack(final)["w"]  # (3 chains, 3)
     exact = torch.linalg.inv(x.T @ x).diagonal()
     ratio = (w[:, 1] / w[:, 2]) / (exact[1] / exact[2])
-    assert bool(((ratio < 4) & (ratio > 0.25)).all()), ratio
+    assert bool(((ratio < 2) & (ratio > 0.5)).all()), ratio
 
 
 def test_checkpoint_resume_mid_adaptation_is_bit_identical(tmp_path):
