@@ -16,10 +16,11 @@ counting executions of the model (each potential-and-gradient evaluation runs it
 ``steps x chains`` plus the adaptation probes.
 
 Part 2 (``--part cv``). Bayesian linear regression, N = 100,000, D = 10, B = 100, conjugate (known
-noise sd), so the exact posterior is known: SGLD with ``control_variate="map"`` at step 0.01, and without it at
-steps 0.01 and 0.001, 4 chains started 3 posterior sds from the mean, 500 warmup + 2000 steps each; largest error of the posterior mean
-(in posterior sds) and of the sd (relative), and wall time (all in one process, interleaved,
-medians over ``--repeats``; the CV time includes the MAP search and the full-data gradient).
+noise sd), so the exact posterior is known: SGLD with ``control_variate="map"`` at step 0.01, and
+without it at steps 0.01 and 0.001, 4 chains started 3 posterior sds from the mean, 500 warmup +
+2000 steps each; largest error of the posterior mean (in posterior sds) and of the sd
+(relative), and wall time (all in one process, interleaved, medians over ``--repeats``; the CV
+time includes the MAP search and the full-data gradient).
 
 Reproduce::
 

@@ -115,8 +115,9 @@ def adaptation_schedule(warmup_steps: int, num_probes: int = 8) -> Tuple[List[in
     """Warmup steps after which the curvature is probed: ``(initial, slow)``.
 
     Initial buffer (first 15 % of warmup): after steps 1, 2, 4, ... and at its end, each probe
-    *replaces* the metric (and the momentum is reset to zero). Slow phase (the next 75 %): ``num_probes`` evenly spaced probes whose Hessians are
-    *averaged*. Terminal buffer (last 10 %): no probes, the metric is final.
+    *replaces* the metric (and the momentum is reset to zero). Slow phase (the next 75 %):
+    ``num_probes`` evenly spaced probes whose Hessians are *averaged*. Terminal buffer (last 10 %):
+    no probes, the metric is final.
     """
     if warmup_steps <= 0:
         return [], []
