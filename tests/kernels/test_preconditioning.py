@@ -155,7 +155,7 @@ def test_checkpoint_resume_mid_adaptation_is_bit_identical(tmp_path):
         assert torch.equal(value, resumed.get_samples()[name]), name
 
 
-@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC, SGNHT])
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC, pytest.param(SGNHT, marks=pytest.mark.slow)])  # SGNHT: 1800 steps
 def test_badly_scaled_gaussian_with_default_settings(kernel_cls):
     """Scales 1e-3 .. 1e2 with correlation 0.9, no step size given: means and sds within Monte
     Carlo error plus the heuristic's bias.
