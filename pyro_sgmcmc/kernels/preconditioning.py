@@ -61,7 +61,8 @@ starts (``init_to_uniform`` on ``sblrc-blr``, coefficients 1000 posterior sds of
 an indefinite region can give a metric under which ``log sigma`` jumps by 10-14 units in one step,
 and the run does not recover within 600 warmup steps (measured: 171 divergences, sds off by orders
 of magnitude). Start at a cheap fit instead (least squares, a MAP, a Laplace mean:
-``init_strategy=init_to_value(values=...)``); all the measurements here do.
+``init_strategy=init_to_value(values=...)``); all the measurements here do. (Using only the
+diagonal of the Hessian in the initial buffer did not help either: the same run still blew up.)
 
 After warmup :math:`P` is frozen: the sampling phase targets the exact tempered posterior (up to
 the usual :math:`O(\\epsilon)` bias of the discretisation and the gradient noise). Each chain
