@@ -273,10 +273,11 @@ def test_float_hyperparameters(kernel, argument, low, strict, allow_none, value)
 @FAST
 @given(value=hostile())
 def test_step_size_values(kernel, value):
-    verdict = float_verdict(value, 0.0, strict=True)
+    verdict = float_verdict(value, 0.0, strict=True, allow_none=True)  # None: the default (1e-3, or adapted)
     result = check(lambda: kernel(model, step_size=value), verdict, "step_size")
+    expected = 1e-3 if value is None else value
     if verdict == VALID:
-        assert result.step_size(0) == float(value) and result.step_size(10**6) == float(value)
+        assert result.step_size(0) == float(expected) and result.step_size(10**6) == float(expected)
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)

@@ -40,6 +40,8 @@ from ..minibatch import MinibatchSampler
 from ..potential import ModelPotential
 from ..random import ChainGenerators
 from ..schedules import Schedule, as_schedule
+from .control_variates import ControlVariate
+from .preconditioning import DENSE_MAX_DIM, MassMatrixAdaptation
 
 __all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError"]
 
@@ -91,16 +93,22 @@ class SGMCMCKernel(MCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: Union[float, Schedule, Callable[[int], float]] = 1e-3,
+        step_size: Union[None, float, Schedule, Callable[[int], float]] = None,
         temperature: float = 1.0,
         num_data: Optional[int] = None,
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
+        *,
+        adapt_mass_matrix: bool = False,
+        full_mass: Optional[bool] = None,
+        control_variate=None,
     ) -> None:
         if not callable(model):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
         self.model = model
-        self.step_size = as_schedule(step_size, "step_size")
+        self._init_preconditioning(step_size, temperature, adapt_mass_matrix, full_mass, control_variate)
+        self.step_size = as_schedule(1e-3 if step_size is None else step_size, "step_size")
+        self._initial_step_size = self.step_size
         self.temperature = _non_negative(
             temperature, "temperature", "T = 1 is the posterior, 0 < T < 1 a cold posterior, T = 0 optimisation"
         )
@@ -162,7 +170,7 @@ class SGMCMCKernel(MCMCKernel):
         """Pyro's protocol: one step of the single chain from ``params`` (unconstrained)."""
         if params is not self._params:  # moved by the caller: re-evaluate at the given point
             position = self.potential.pack(params).unsqueeze(0)
-            potential, grad = self.potential.batched_potential_and_grad(position, self.minibatches.next())
+            potential, grad = self._evaluate(position, self.minibatches.next())
             self.state = self.state._replace(position=position, potential=potential, grad=grad)
         self.step()
         self._params = self.potential.unpack(self.state.position[0])
@@ -247,9 +255,11 @@ class SGMCMCKernel(MCMCKernel):
         self.superchain_ids = torch.arange(num_chains) // (num_chains // num_superchains)
 
         positions = self._initial_positions(initial_params, num_chains, num_superchains)
-        energy, grad = potential.batched_potential_and_grad(positions, self.minibatches.next())
+        self._setup_control_variate(positions)
+        energy, grad = self._evaluate(positions, self.minibatches.next())
         momentum, thermostat = self._init_auxiliary(positions)
         self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
+        self._setup_adaptation(warmup_steps)
         self._divergences = [[] for _ in range(num_chains)]
         self._num_warmup_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
         self._num_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
@@ -268,8 +278,14 @@ class SGMCMCKernel(MCMCKernel):
             else None
         )
         drift = state.grad * (-self._inverse_num_data)
-        position, momentum, thermostat = self._transition(state, drift, step_size, noise)
-        energy, grad = self.potential.batched_potential_and_grad(position, self.minibatches.next())
+        if self._adaptation is None:
+            position, momentum, thermostat = self._transition(state, drift, step_size, noise)
+        else:  # preconditioned: the same update in w = L^-1 z (see kernels/preconditioning.py)
+            position, momentum, thermostat = self._adaptation.transition(self, state, drift, step_size, noise)
+        if self._control_variate is None:
+            energy, grad = self.potential.batched_potential_and_grad(position, self.minibatches.next())
+        else:
+            energy, grad = self._control_variate(position, self.minibatches.next())
         # grad * 0 is 0 where finite and nan where not: one float reduction instead of slow boolean ops
         finite = torch.isfinite(energy + (grad * 0).sum(-1))
         if bool(finite.all()) and self._frozen is None:
@@ -279,6 +295,8 @@ class SGMCMCKernel(MCMCKernel):
             state = self._reject_divergent(state, finite, position, momentum, thermostat, energy, grad)
         self.state = state
         self._last_step_size = step_size
+        if self._adapting and state.step <= self._warmup_steps:
+            self._adapt(state)
         return state
 
     def state_dict(self) -> dict:
@@ -298,6 +316,7 @@ class SGMCMCKernel(MCMCKernel):
             "divergence_log": list(self.divergence_log),
             "last_step_size": self._last_step_size,
             "last_diverging": self._last_diverging.clone(),
+            **self._preconditioning_state_dict(),
         }
 
     def load_state_dict(self, saved: dict) -> None:
@@ -321,6 +340,7 @@ class SGMCMCKernel(MCMCKernel):
         self.divergence_log = list(saved["divergence_log"])
         self._last_step_size = saved["last_step_size"]
         self._last_diverging = saved["last_diverging"].to(device)
+        self._load_preconditioning_state_dict(saved, device)
 
     @property
     def num_divergences(self) -> int:
@@ -331,6 +351,99 @@ class SGMCMCKernel(MCMCKernel):
     def divergences(self) -> List[List[int]]:
         """Per chain, the indices of the divergent draws (sampling phase)."""
         return self._divergences
+
+    # ------------------------------------------------------------------ preconditioning, control variates
+    # (the machinery is in preconditioning.py and control_variates.py; these are the hooks)
+    def _init_preconditioning(self, step_size, temperature, adapt_mass_matrix, full_mass, control_variate) -> None:
+        if not isinstance(adapt_mass_matrix, bool):
+            raise TypeError(f"adapt_mass_matrix must be True or False; got {adapt_mass_matrix!r}")
+        if full_mass is not None and not isinstance(full_mass, bool):
+            raise TypeError(f"full_mass must be None (dense for dim <= 64), True or False; got {full_mass!r}")
+        if full_mass and not adapt_mass_matrix:
+            raise ValueError("full_mass=True needs adapt_mass_matrix=True (the dense mass matrix is adapted in warmup)")
+        if adapt_mass_matrix and isinstance(temperature, numbers.Real) and not temperature > 0:
+            raise ValueError(
+                "adapt_mass_matrix=True needs temperature > 0 (the mass matrix is estimated from the spread "
+                f"of the tempered posterior); got temperature={temperature!r}"
+            )
+        if control_variate is not None and not isinstance(control_variate, (str, Mapping)):
+            raise TypeError(
+                "control_variate must be None, 'map' or a dict {site: constrained value}; "
+                f"got {type(control_variate).__name__}"
+            )
+        if isinstance(control_variate, str) and control_variate != "map":
+            raise ValueError(f"control_variate must be None, 'map' or a dict; got {control_variate!r}")
+        self.adapt_mass_matrix = adapt_mass_matrix
+        self.full_mass = full_mass
+        self.control_variate = control_variate
+        self._adapt_step_size = adapt_mass_matrix and step_size is None
+        self._adaptation: Optional[MassMatrixAdaptation] = None
+        self._adapting = False
+        self._control_variate: Optional[ControlVariate] = None
+
+    def _evaluate(self, positions: torch.Tensor, indices):
+        if self._control_variate is None:
+            return self.potential.batched_potential_and_grad(positions, indices)
+        return self._control_variate(positions, indices)
+
+    def _setup_control_variate(self, positions: torch.Tensor) -> None:
+        if self.control_variate is None:
+            self._control_variate = None
+        else:  # computed once per data set (sequential chains on the same data reuse it)
+            cached = self._control_variate
+            if cached is None or cached.potential is not self.potential:
+                self._control_variate = ControlVariate(self.potential, self.control_variate, positions[0])
+
+    def _setup_adaptation(self, warmup_steps: int) -> None:
+        if not self.adapt_mass_matrix:
+            self._adaptation, self._adapting = None, False
+            return
+        self.step_size = self._initial_step_size  # a new run starts from the user's step size
+        dense = self.full_mass if self.full_mass is not None else self.state.position.shape[-1] <= DENSE_MAX_DIM
+        self._adaptation = MassMatrixAdaptation(
+            warmup_steps,
+            dense,
+            self._adapt_step_size,
+            self.state.momentum is not None,
+            self.temperature,
+            thermostat=self.state.thermostat is not None,
+        )
+        self._adaptation.setup(self, self.state.position)
+        self._adapting = warmup_steps > 0
+        if self._adaptation.step_size is not None:
+            self.step_size = as_schedule(self._adaptation.step_size, "step_size")
+
+    def _adapt(self, state: SGMCMCState) -> None:
+        adaptation = self._adaptation
+        before = adaptation.step_size
+        adaptation.update(self, state.step, state.position)
+        if adaptation.step_size is not None and adaptation.step_size != before:
+            self.step_size = as_schedule(adaptation.step_size, "step_size")
+
+    @property
+    def inverse_mass_matrix(self) -> Optional[torch.Tensor]:
+        """The preconditioner :math:`P = L L^\\top` per chain in normalised units, ``(C, D)`` (diagonal)
+        or ``(C, D, D)`` (``full_mass``); ``None`` without ``adapt_mass_matrix``. Frozen after warmup."""
+        if self._adaptation is None:
+            return None
+        factor = self._adaptation.factor
+        return factor @ factor.transpose(-1, -2) if self._adaptation.full_mass else factor * factor
+
+    def _preconditioning_state_dict(self) -> dict:
+        out = {}
+        if self._adaptation is not None:
+            out["adaptation"] = self._adaptation.state_dict()
+            out["adapted_step_size"] = self.step_size
+        if self._control_variate is not None:
+            out["control_variate"] = self._control_variate.state_dict()
+        return out
+
+    def _load_preconditioning_state_dict(self, saved: dict, device) -> None:
+        if "adaptation" in saved:
+            self._adaptation.load_state_dict(saved["adaptation"], device)
+            self.step_size = saved["adapted_step_size"]
+        if "control_variate" in saved:
+            self._control_variate.load_state_dict(saved["control_variate"], device)
 
     # ------------------------------------------------------------------ statistics
     @property

@@ -36,6 +36,9 @@ class SGHMC(SGMCMCKernel):
     ----------
     model, step_size, temperature, num_data, init_strategy, on_divergence :
         As for :class:`~pyro_sgmcmc.SGLD`.
+    adapt_mass_matrix, full_mass, control_variate :
+        As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
+        ``friction``) are in preconditioned units.
     friction : float
         :math:`\\alpha \\ge 0`, in units of inverse (normalised) time: the momentum decays by
         :math:`1 - \\epsilon \\alpha / \\sigma^2` per step. Default 1: half the critical damping
@@ -67,7 +70,7 @@ class SGHMC(SGMCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: Union[float, Schedule, Callable[[int], float]] = 1e-3,
+        step_size: Union[None, float, Schedule, Callable[[int], float]] = None,
         temperature: float = 1.0,
         num_data: Optional[int] = None,
         friction: float = 1.0,
@@ -75,8 +78,22 @@ class SGHMC(SGMCMCKernel):
         initial_momentum: str = "zero",
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
+        *,
+        adapt_mass_matrix: bool = False,
+        full_mass: Optional[bool] = None,
+        control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
     ) -> None:
-        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
+        super().__init__(
+            model,
+            step_size,
+            temperature,
+            num_data,
+            init_strategy,
+            on_divergence,
+            adapt_mass_matrix=adapt_mass_matrix,
+            full_mass=full_mass,
+            control_variate=control_variate,
+        )
         self.friction = _non_negative(friction, "friction", "the momentum damping alpha")
         self.mass = _positive(mass, "mass")
         self.initial_momentum = _choice(initial_momentum, "initial_momentum", _INITIAL_MOMENTA)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_uniform
@@ -36,10 +36,11 @@ class SGLD(SGMCMCKernel):
     ----------
     model : callable
         Pyro model with continuous, global latent sites.
-    step_size : float, Schedule or callable
+    step_size : float, Schedule, callable or None
         :math:`\\epsilon`, positive: a float (constant), a :class:`~pyro_sgmcmc.Constant` or
         :class:`~pyro_sgmcmc.RobbinsMonro` schedule, or any ``t -> float`` with ``t`` the chain's
-        step counter (warmup included).
+        step counter (warmup included). ``None`` (default): 1e-3, or with ``adapt_mass_matrix``
+        the adapted step size.
     temperature : float
         :math:`T \\ge 0`. Default 1.
     num_data : int, optional
@@ -53,6 +54,24 @@ class SGLD(SGMCMCKernel):
         with zero momentum and go on (``"restart"``, default), stop that chain for the rest of the
         run (``"freeze"``), or raise :class:`~pyro_sgmcmc.DivergenceError` naming the step, the
         chain and the sites (``"raise"``). Other chains are never affected.
+    adapt_mass_matrix : bool
+        Pyro's name: precondition the dynamics with a mass matrix adapted during warmup from the
+        curvature at each chain's own draws, then frozen, so sampling targets the exact tempered
+        posterior (see :mod:`pyro_sgmcmc.kernels.preconditioning` and :doc:`/preconditioning`).
+        ``step_size`` is then in *preconditioned units* (normalised curvature about 1 in every
+        direction), and when it is ``None`` a step size is derived from the adapted curvature and
+        the gradient noise. Needs ``temperature > 0``. Default False.
+    full_mass : bool or None
+        Dense (True) or diagonal (False) mass matrix; ``None`` (default): dense when the model has
+        at most 64 unconstrained numbers (``O(dim^2)`` per step), diagonal otherwise. Only with
+        ``adapt_mass_matrix=True``.
+    control_variate : None, "map" or dict
+        Control-variate gradients (SGLD-CV, Baker et al. 2019): each step's minibatch gradient is
+        centred at a fixed point whose full-data gradient is computed once, in chunks, at set-up;
+        ``"map"`` finds that point by L-BFGS on the full data, a dict gives it (constrained values
+        of every latent site). Unbiased; lower gradient noise near the centre; one extra minibatch
+        evaluation per step. Needs one subsampled plate. See
+        :mod:`pyro_sgmcmc.kernels.control_variates`.
 
     Examples
     --------
@@ -74,13 +93,27 @@ class SGLD(SGMCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: Union[float, Schedule, Callable[[int], float]] = 1e-3,
+        step_size: Union[None, float, Schedule, Callable[[int], float]] = None,
         temperature: float = 1.0,
         num_data: Optional[int] = None,
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
+        *,
+        adapt_mass_matrix: bool = False,
+        full_mass: Optional[bool] = None,
+        control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
     ) -> None:
-        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
+        super().__init__(
+            model,
+            step_size,
+            temperature,
+            num_data,
+            init_strategy,
+            on_divergence,
+            adapt_mass_matrix=adapt_mass_matrix,
+            full_mass=full_mass,
+            control_variate=control_variate,
+        )
 
     def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise):
         return langevin_step(state.position, drift, step_size, self.noise_temperature, noise), None, None

@@ -32,6 +32,9 @@ class SGNHT(SGMCMCKernel):
     ----------
     model, step_size, temperature, num_data, init_strategy, on_divergence :
         As for :class:`~pyro_sgmcmc.SGLD`.
+    adapt_mass_matrix, full_mass, control_variate :
+        As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
+        ``friction``) are in preconditioned units.
     diffusion : float
         :math:`\\alpha \\ge 0`, the injected-noise coefficient. Default 1.
     mass : float
@@ -61,7 +64,7 @@ class SGNHT(SGMCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: Union[float, Schedule, Callable[[int], float]] = 1e-3,
+        step_size: Union[None, float, Schedule, Callable[[int], float]] = None,
         temperature: float = 1.0,
         num_data: Optional[int] = None,
         diffusion: float = 1.0,
@@ -70,8 +73,22 @@ class SGNHT(SGMCMCKernel):
         initial_momentum: str = "zero",
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
+        *,
+        adapt_mass_matrix: bool = False,
+        full_mass: Optional[bool] = None,
+        control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
     ) -> None:
-        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
+        super().__init__(
+            model,
+            step_size,
+            temperature,
+            num_data,
+            init_strategy,
+            on_divergence,
+            adapt_mass_matrix=adapt_mass_matrix,
+            full_mass=full_mass,
+            control_variate=control_variate,
+        )
         self.diffusion = _non_negative(diffusion, "diffusion", "the injected-noise coefficient alpha")
         self.mass = _positive(mass, "mass")
         self.initial_thermostat = (
