@@ -34,7 +34,7 @@ class SGHMC(SGMCMCKernel):
 
     Parameters
     ----------
-    model, step_size, temperature, num_data, init_strategy, on_divergence :
+    model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
         As for :class:`~pyro_sgmcmc.SGLD`.
     friction : float
         :math:`\\alpha \\ge 0`, in units of inverse (normalised) time: the momentum decays by
@@ -75,8 +75,10 @@ class SGHMC(SGMCMCKernel):
         initial_momentum: str = "zero",
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
+        *,
+        jit_compile: bool = False,
     ) -> None:
-        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
+        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile=jit_compile)
         self.friction = _non_negative(friction, "friction", "the momentum damping alpha")
         self.mass = _positive(mass, "mass")
         self.initial_momentum = _choice(initial_momentum, "initial_momentum", _INITIAL_MOMENTA)

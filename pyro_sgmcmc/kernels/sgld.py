@@ -53,6 +53,13 @@ class SGLD(SGMCMCKernel):
         with zero momentum and go on (``"restart"``, default), stop that chain for the rest of the
         run (``"freeze"``), or raise :class:`~pyro_sgmcmc.DivergenceError` naming the step, the
         chain and the sites (``"raise"``). Other chains are never affected.
+    jit_compile : bool
+        Compile the one-chain potential and gradient with :func:`torch.jit.trace` on the first step
+        (:class:`~pyro_sgmcmc.ModelPotential`'s ``jit_compile``): Pyro's per-step machinery then runs
+        once, which makes a step of a small model 2-3 times cheaper. The model must follow the same
+        Python path at every step (no branching on latent values or data); the compiled potential is
+        checked at two points and dropped, with a warning, if it disagrees. Vectorised chains use
+        :func:`torch.func.vmap` and ignore it. Default False.
 
     Examples
     --------
@@ -79,8 +86,10 @@ class SGLD(SGMCMCKernel):
         num_data: Optional[int] = None,
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
+        *,
+        jit_compile: bool = False,
     ) -> None:
-        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
+        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile=jit_compile)
 
     def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise):
         return langevin_step(state.position, drift, step_size, self.noise_temperature, noise), None, None

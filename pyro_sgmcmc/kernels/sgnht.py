@@ -30,7 +30,7 @@ class SGNHT(SGMCMCKernel):
 
     Parameters
     ----------
-    model, step_size, temperature, num_data, init_strategy, on_divergence :
+    model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
         As for :class:`~pyro_sgmcmc.SGLD`.
     diffusion : float
         :math:`\\alpha \\ge 0`, the injected-noise coefficient. Default 1.
@@ -70,8 +70,10 @@ class SGNHT(SGMCMCKernel):
         initial_momentum: str = "zero",
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
+        *,
+        jit_compile: bool = False,
     ) -> None:
-        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence)
+        super().__init__(model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile=jit_compile)
         self.diffusion = _non_negative(diffusion, "diffusion", "the injected-noise coefficient alpha")
         self.mass = _positive(mass, "mass")
         self.initial_thermostat = (
