@@ -434,6 +434,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--tiny", action="store_true", help="a few steps of the small configs (smoke test)")
+    parser.add_argument("--merge", action="store_true", help="keep the results of the configurations not re-run")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers.json")
     parser.add_argument("--rst", type=Path, default=ROOT / "docs" / "benchmarks_peers_table.inc")
     args = parser.parse_args(argv)
@@ -459,6 +460,9 @@ def main(argv=None):
         print(f"same maths ({size}): {json.dumps(check)}")
         if not check["ok"]:
             raise SystemExit("the contenders do not compute the same updates: timing them would be meaningless")
+    if args.merge and args.out.exists():  # re-run some configurations, keep the others' results
+        previous = json.loads(args.out.read_text())
+        results["configs"] = {k: v for k, v in previous["configs"].items() if k not in args.configs}
     configs = ["small-1", "small-256"] if args.tiny else args.configs
     for key in configs:
         size, chains, steps, rounds = CONFIGS[key]
@@ -466,6 +470,7 @@ def main(argv=None):
             steps, rounds = 3, 2
         r = time_config(SIZES[size], chains if not args.tiny else min(chains, 8), steps, rounds)
         results["configs"][key] = r
+        results["configs"] = {k: results["configs"][k] for k in CONFIGS if k in results["configs"]}
         print(f"\n{key}: {r['weights']:,} weights, {r['chains']} chains, load {r['load_before']} -> {r['load_after']}")
         for name, c in r["contenders"].items():
             print(
