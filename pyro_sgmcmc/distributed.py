@@ -402,10 +402,12 @@ class _DataParallelFactory:
         self.plate = plate
         self.group = group
 
-    def __call__(self, model, args, kwargs, *, init_strategy, num_data) -> DataParallelPotential:
+    def __call__(self, model, args, kwargs, *, init_strategy, num_data, jit_compile=False) -> DataParallelPotential:
         rank, world_size = _rank_and_size(self.group)
         scale = _ShardScale(float(world_size))
-        inner = ModelPotential(scale(model), args, kwargs, init_strategy=init_strategy, num_data=num_data)
+        inner = ModelPotential(
+            scale(model), args, kwargs, init_strategy=init_strategy, num_data=num_data, jit_compile=jit_compile
+        )
         plates = [p.name for p in inner.subsample_plates if not p.user_indices]
         if self.plate is not None:
             scale.plate = self.plate

@@ -280,12 +280,14 @@ disable_validation, transforms, save_params :
             start = saved["steps_done"]
         progress = _progress(total, self.disable_progbar)
         refresh = max(1, total // 200)  # cheap progress bar: about 200 updates per run
+        first_kept = self._num_kept_steps - keep  # keep_last drops the draws before this one: not even copied
         for t in range(start, total):
             state = kernel.step()
             sampling = t >= self.warmup_steps
             if sampling and (t - self.warmup_steps + 1) % self.thinning == 0:
-                positions.append(state.position.clone())
-                stats.append(kernel.last_stats)
+                if (t - self.warmup_steps + 1) // self.thinning > first_kept:
+                    positions.append(state.position.clone())
+                    stats.append(kernel.last_stats)
             if self.hook_fn is not None:
                 self.hook_fn(kernel, kernel.potential.unpack(state.position), "Sample" if sampling else "Warmup", t)
             if fingerprint is not None and ((t + 1) % self.checkpoint_every == 0 or t == total - 1):

@@ -102,6 +102,7 @@ class SGMCMCKernel(MCMCKernel):
         adapt_mass_matrix: bool = False,
         full_mass: Optional[bool] = None,
         control_variate=None,
+        jit_compile: bool = False,
     ) -> None:
         if not callable(model):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
@@ -121,6 +122,9 @@ class SGMCMCKernel(MCMCKernel):
             )
         self.init_strategy = init_strategy
         self.on_divergence = _choice(on_divergence, "on_divergence", _ON_DIVERGENCE)
+        if not isinstance(jit_compile, bool):
+            raise TypeError(f"jit_compile must be True or False; got {jit_compile!r}")
+        self.jit_compile = jit_compile
 
         self.transforms = None
         self.potential: Optional[ModelPotential] = None
@@ -492,7 +496,12 @@ class SGMCMCKernel(MCMCKernel):
         key = (tuple(map(id, args)), tuple(sorted((k, id(v)) for k, v in kwargs.items())))
         if self.potential is None or key != self._model_key:
             self.potential = self.potential_factory(
-                self.model, args, kwargs, init_strategy=self.init_strategy, num_data=self.num_data
+                self.model,
+                args,
+                kwargs,
+                init_strategy=self.init_strategy,
+                num_data=self.num_data,
+                jit_compile=self.jit_compile,
             )
             self._model_key = key
         return self.potential

@@ -41,9 +41,10 @@ def langevin_step(
     At :math:`\\mathcal{T} = 0` this is gradient descent on :math:`N^{-1} U` with learning rate
     :math:`\\epsilon`.
     """
-    new_position = position + step_size * drift
+    # fused: each line is one pass over the new tensor (the inputs are never modified)
+    new_position = _add_scaled(position, drift, step_size)
     if noise is not None:
-        new_position = new_position + math.sqrt(2.0 * step_size * noise_temperature) * noise
+        _add_scaled_(new_position, noise, math.sqrt(2.0 * step_size * noise_temperature))
     return new_position
 
 
@@ -69,10 +70,11 @@ def underdamped_step(
     ``torch.optim.SGD(lr=eps / sigma^2, momentum=1 - eps * alpha / sigma^2, dampening=1 - eps)`` on
     :math:`N^{-1} U` step for step, with PyTorch's momentum buffer equal to :math:`-m`.
     """
-    new_momentum = (1.0 - step_size * friction / mass) * momentum + step_size * drift
+    # fused: each line is one pass over the new tensor (the inputs are never modified)
+    new_momentum = _add_scaled_(momentum.mul(1.0 - step_size * friction / mass), drift, step_size)
     if noise is not None:
-        new_momentum = new_momentum + math.sqrt(2.0 * step_size * noise_temperature * friction) * noise
-    new_position = position + (step_size / mass) * new_momentum
+        _add_scaled_(new_momentum, noise, math.sqrt(2.0 * step_size * noise_temperature * friction))
+    new_position = _add_scaled(position, new_momentum, step_size / mass)
     return new_position, new_momentum
 
 
@@ -108,6 +110,21 @@ def nose_hoover_step(
     kinetic_temperature = (new_momentum * new_momentum).sum(-1) / (mass * dim)
     new_thermostat = thermostat + step_size * (kinetic_temperature - noise_temperature)
     return new_position, new_momentum, new_thermostat
+
+
+def _add_scaled(base: torch.Tensor, other: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``base + alpha * other`` as a new tensor, in one pass (an ``alpha`` beyond the dtype's range,
+    which ``torch.add`` refuses, takes the two-pass form and overflows to inf as plain arithmetic does)."""
+    if math.isfinite(alpha) and abs(alpha) > torch.finfo(base.dtype).max:
+        return base + alpha * other
+    return torch.add(base, other, alpha=alpha)
+
+
+def _add_scaled_(out: torch.Tensor, other: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``out += alpha * other`` in place (``out`` is a tensor made by the caller), as :func:`_add_scaled`."""
+    if math.isfinite(alpha) and abs(alpha) > torch.finfo(out.dtype).max:
+        return out.add_(alpha * other)
+    return out.add_(other, alpha=alpha)
 
 
 def kinetic_energy(momentum: torch.Tensor, mass: float) -> torch.Tensor:

@@ -34,7 +34,7 @@ class SGHMC(SGMCMCKernel):
 
     Parameters
     ----------
-    model, step_size, temperature, num_data, init_strategy, on_divergence :
+    model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
         As for :class:`~pyro_sgmcmc.SGLD`.
     adapt_mass_matrix, full_mass, control_variate :
         As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
@@ -82,6 +82,7 @@ class SGHMC(SGMCMCKernel):
         adapt_mass_matrix: bool = False,
         full_mass: Optional[bool] = None,
         control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
+        jit_compile: bool = False,
     ) -> None:
         super().__init__(
             model,
@@ -93,6 +94,7 @@ class SGHMC(SGMCMCKernel):
             adapt_mass_matrix=adapt_mass_matrix,
             full_mass=full_mass,
             control_variate=control_variate,
+            jit_compile=jit_compile,
         )
         self.friction = _non_negative(friction, "friction", "the momentum damping alpha")
         self.mass = _positive(mass, "mass")

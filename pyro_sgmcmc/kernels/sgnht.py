@@ -30,7 +30,7 @@ class SGNHT(SGMCMCKernel):
 
     Parameters
     ----------
-    model, step_size, temperature, num_data, init_strategy, on_divergence :
+    model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
         As for :class:`~pyro_sgmcmc.SGLD`.
     adapt_mass_matrix, full_mass, control_variate :
         As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
@@ -77,6 +77,7 @@ class SGNHT(SGMCMCKernel):
         adapt_mass_matrix: bool = False,
         full_mass: Optional[bool] = None,
         control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
+        jit_compile: bool = False,
     ) -> None:
         super().__init__(
             model,
@@ -88,6 +89,7 @@ class SGNHT(SGMCMCKernel):
             adapt_mass_matrix=adapt_mass_matrix,
             full_mass=full_mass,
             control_variate=control_variate,
+            jit_compile=jit_compile,
         )
         self.diffusion = _non_negative(diffusion, "diffusion", "the injected-noise coefficient alpha")
         self.mass = _positive(mass, "mass")
