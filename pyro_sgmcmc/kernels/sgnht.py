@@ -28,13 +28,20 @@ class SGNHT(SGMCMCKernel):
     :math:`T / N`, absorbing gradient noise of unknown size. SGNHT has no optimiser limit: at
     ``T = 0`` the thermostat only grows.
 
+    The thermostat relaxes slowly: its equation moves :math:`\xi` by :math:`\epsilon` times the
+    excess kinetic temperature, whose scale is :math:`T / N`. A chain started far from the typical
+    set heats the thermostat on its way in (the SG-MCMC tutorial in the docs shows it: thermostats well
+    above their starting value ``diffusion`` at the end of a short run, and draws too narrow), and the
+    overdamped chain then explores too little for a long time. Start near the mode (a MAP or a
+    least-squares fit) or use a long warmup; SGHMC has no such transient.
+
     Parameters
     ----------
     model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
         As for :class:`~pyro_sgmcmc.SGLD`.
     adapt_mass_matrix, full_mass, control_variate :
         As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
-        ``friction``) are in preconditioned units.
+        ``diffusion``) are in preconditioned units.
     diffusion : float
         :math:`\\alpha \\ge 0`, the injected-noise coefficient. Default 1.
     mass : float
