@@ -28,7 +28,7 @@ class SGNHT(SGMCMCKernel):
     :math:`T / N`, absorbing gradient noise of unknown size. SGNHT has no optimiser limit: at
     ``T = 0`` the thermostat only grows.
 
-    The thermostat relaxes slowly: its equation moves :math:`\xi` by :math:`\epsilon` times the
+    The thermostat relaxes slowly: its equation moves :math:`\\xi` by :math:`\\epsilon` times the
     excess kinetic temperature, whose scale is :math:`T / N`. A chain started far from the typical
     set heats the thermostat on its way in (the SG-MCMC tutorial in the docs shows it: thermostats well
     above their starting value ``diffusion`` at the end of a short run, and draws too narrow), and the
