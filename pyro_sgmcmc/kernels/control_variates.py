@@ -71,15 +71,16 @@ def _map_estimate(
 ) -> torch.Tensor:
     """Minimise the full-data potential with L-BFGS (strong Wolfe line search) from ``start``.
 
-    Runs in float64 (the curvature of a concentrated posterior spans many orders of magnitude) and
-    restarts L-BFGS (fresh curvature memory) up to ``rounds`` times while the potential still
-    decreases.
+    L-BFGS keeps its iterate and curvature memory in float64 (the curvature of a concentrated
+    posterior spans many orders of magnitude); the model is evaluated in its own dtype (``start``'s:
+    a float32 model's data cannot meet float64 values). Restarts L-BFGS (fresh curvature memory) up to
+    ``rounds`` times while the potential still decreases.
     """
     z = start.detach().to(torch.float64).clone().requires_grad_(True)
 
     def closure():
         optimizer.zero_grad()
-        u, g = full_data_potential_and_grad(potential, z.detach())
+        u, g = full_data_potential_and_grad(potential, z.detach().to(start.dtype))
         if not (bool(torch.isfinite(u)) and bool(torch.isfinite(g).all())):
             # outside the model's domain: a huge loss makes the line search step back
             u, g = torch.full_like(u, torch.finfo(u.dtype).max / 4), torch.zeros_like(g)
@@ -91,7 +92,7 @@ def _map_estimate(
         optimizer = torch.optim.LBFGS([z], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
                                       tolerance_grad=1e-12, tolerance_change=1e-15, history_size=20)  # fmt: skip
         optimizer.step(closure)
-        value = float(full_data_potential_and_grad(potential, z.detach())[0])
+        value = float(full_data_potential_and_grad(potential, z.detach().to(start.dtype))[0])
         if not value < best - 1e-12 * abs(best):
             break
         best = value

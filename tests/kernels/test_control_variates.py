@@ -103,6 +103,30 @@ def test_control_variate_map_centre_is_the_mode(kernel_cls):
     assert float(kernel._control_variate.centre_grad.abs().max()) < 1e-6
 
 
+def test_control_variate_map_centre_with_a_float32_model():
+    """A float32 model (torch's default dtype) gets its MAP centre too: L-BFGS keeps float64 state but
+    evaluates the model in float32 (it used to feed float64 values to float32 data and crash). The
+    centre is the mode to float32 precision. The line search compares potentials U ~ 700 whose float32
+    resolution is ~700 * 6e-8 = 4e-5; near the mode U - U* = H d^2 / 2 with H ~ 500, so steps below
+    d ~ sqrt(2 * 4e-5 / 500) ~ 4e-4 (0.01 posterior sd) cannot be told apart: the bound is 0.05 sd (a
+    centre left at the start, 0, is ~20 sd off). Any centre keeps the CV gradient unbiased; its
+    accuracy only sets how much variance is removed."""
+    _, X, y, mean, cov = make_problem(500, 25)
+    X32, y32 = X.float(), y.float()
+
+    def model():
+        w = pyro.sample("w", dist.Normal(torch.zeros(D), 1.0).to_event(1))
+        with pyro.plate("data", 500, subsample_size=25) as idx:
+            pyro.sample("y", dist.Normal(X32[idx] @ w, 1.0), obs=y32[idx])
+
+    kernel = SGHMC(model, step_size=1e-3, control_variate="map")
+    kernel.setup_chains(0, num_chains=2, seed=0)
+    centre = kernel._control_variate.centre
+    assert centre.dtype == torch.float32
+    sd = cov.diagonal().sqrt()
+    assert torch.all((centre.double() - mean).abs() < 0.05 * sd), (centre, mean)
+
+
 def _sgld_stationary_cov(X: torch.Tensor, step: float) -> np.ndarray:
     """Stationary covariance of full-gradient SGLD on this Gaussian posterior (discrete Lyapunov)."""
     n = X.shape[0]
