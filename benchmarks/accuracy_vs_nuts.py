@@ -25,6 +25,11 @@ Contenders.
     ratio of gradient noise to injected noise, ``~ eps N / B``, is the same at every N), step sizes
     ``0.3`` (SGHMC, friction 1) and ``0.5`` (SGLD) on the normalised drift, 300 burn-in steps, at most 5,000
     steps or 600 s per run (then "not reached" unless the criterion holds at the end).
+``SGHMC-CV``
+    As ``SGHMC`` (step 0.3, friction 1, 16 chains) with ``control_variate="map"``: each minibatch gradient is
+    centred at the MAP, found by L-BFGS on the full data at set-up (its time counts: the clock starts before
+    ``mcmc.run``). The gradient noise then shrinks with the distance to the MAP instead of growing with
+    ``N / B``, so the minibatch stays at ``B = 1,000`` at every N.
 
 N = 10^7 with NUTS would take about 20 minutes, so NUTS at 10^7 is **extrapolated**: the number of NUTS
 iterations to reach the criterion and the tree sizes do not depend on N for this model (the posterior only
@@ -158,11 +163,18 @@ class Tracker:
         }
 
 
+SG_KINDS = ("SGHMC", "SGLD", "SGHMC-CV")
+
+
 def run_sg(kind: str, x, y, ref_mean, ref_sd, max_steps: int, seed: int = 0) -> dict:
     num_data = x.shape[0]
-    batch = max(num_data // 100, 100)
-    model = make_minibatch_model(batch)
-    kernel = SGHMC(model, step_size=0.3, friction=1.0) if kind == "SGHMC" else SGLD(model, step_size=0.5)
+    if kind == "SGHMC-CV":
+        batch = min(1000, num_data)
+        kernel = SGHMC(make_minibatch_model(batch), step_size=0.3, friction=1.0, control_variate="map")
+    else:
+        batch = max(num_data // 100, 100)
+        model = make_minibatch_model(batch)
+        kernel = SGHMC(model, step_size=0.3, friction=1.0) if kind == "SGHMC" else SGLD(model, step_size=0.5)
     tracker = Tracker(ref_mean, ref_sd, BURN_IN, every=10, max_steps=max_steps, time_budget=TIME_BUDGET)
     mcmc = MCMC(
         kernel, num_samples=max_steps - BURN_IN, warmup_steps=BURN_IN, num_chains=CHAINS,
@@ -215,7 +227,7 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    for name, style in (("NUTS", "o-"), ("SGHMC", "s-"), ("SGLD", "^-")):
+    for name, style in (("NUTS", "o-"), ("SGHMC", "s-"), ("SGLD", "^-"), ("SGHMC-CV", "d-")):
         ns, ts, hollow = [], [], []
         for n, entry in results["sizes"].items():
             r = entry.get(name)
@@ -262,6 +274,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "accuracy_vs_nuts.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "_static" / "accuracy_vs_nuts.png")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out's results")
+    parser.add_argument("--kinds", nargs="+", choices=SG_KINDS, default=list(SG_KINDS),
+                        help="stochastic-gradient contenders to run (NUTS always runs)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.plot_only:
         plot(json.loads(args.out.read_text()), args.plot)
@@ -276,7 +290,8 @@ def main(argv=None):
         ref_mean, ref_sd = reference(x, y)
         entry = {"load_before": load, "posterior_sd_median": float(ref_sd.median())}
         entry["gradient_seconds"] = gradient_seconds(x, y)
-        for kind in ("SGHMC", "SGLD") if n < 10**7 or args.sgld_at_largest else ("SGHMC",):
+        kinds = [k for k in args.kinds if n < 10**7 or k != "SGLD" or args.sgld_at_largest]
+        for kind in kinds:
             entry[kind] = run_sg(kind, x, y, ref_mean, ref_sd, max_steps=400 if args.tiny else 5000)
             r = entry[kind]
             print(
@@ -303,12 +318,12 @@ def main(argv=None):
             }
             print(f"N={n:.0e} NUTS: extrapolated {entry['NUTS']['seconds']} s (gradient {factor:.1f}x N={base_n:.0e})")
         entry["load_after"] = os.getloadavg()
-        for kind in ("SGHMC", "SGLD"):
+        for kind in SG_KINDS:
             if kind in entry and entry[kind]["seconds"] and entry["NUTS"].get("seconds"):
                 entry[f"NUTS_over_{kind}"] = entry["NUTS"]["seconds"] / entry[kind]["seconds"]
         print(f"N={n:.0e}: gradient {entry['gradient_seconds'] * 1e3:.1f} ms, load {load[0]:.1f} -> "
               f"{entry['load_after'][0]:.1f}; NUTS/SGHMC {entry.get('NUTS_over_SGHMC')}, "
-              f"NUTS/SGLD {entry.get('NUTS_over_SGLD')}")  # fmt: skip
+              f"NUTS/SGLD {entry.get('NUTS_over_SGLD')}, NUTS/SGHMC-CV {entry.get('NUTS_over_SGHMC-CV')}")  # fmt: skip
         results["sizes"][n] = entry
         del x, y
     if not args.tiny:
