@@ -86,7 +86,8 @@ _ON_DIVERGENCE = ("restart", "freeze", "raise")
 class SGMCMCKernel(MCMCKernel):
     """Base class of the stochastic-gradient kernels; see :class:`~pyro_sgmcmc.SGLD` for the arguments."""
 
-    #: Builds the potential as ``potential_factory(model, args, kwargs, init_strategy=..., num_data=...)``:
+    #: Builds the potential as ``potential_factory(model, args, kwargs, init_strategy=..., num_data=...,
+    #: jit_compile=...)``:
     #: a hook (:func:`pyro_sgmcmc.distributed.data_parallel` puts an all-reduced potential here).
     potential_factory: Callable = ModelPotential
 
@@ -286,10 +287,7 @@ class SGMCMCKernel(MCMCKernel):
             position, momentum, thermostat = self._transition(state, drift, step_size, noise)
         else:  # preconditioned: the same update in w = L^-1 z (see kernels/preconditioning.py)
             position, momentum, thermostat = self._adaptation.transition(self, state, drift, step_size, noise)
-        if self._control_variate is None:
-            energy, grad = self.potential.batched_potential_and_grad(position, self.minibatches.next())
-        else:
-            energy, grad = self._control_variate(position, self.minibatches.next())
+        energy, grad = self._evaluate(position, self.minibatches.next())
         # grad * 0 is 0 where finite and nan where not: one float reduction instead of slow boolean ops
         finite = torch.isfinite(energy + (grad * 0).sum(-1))
         if bool(finite.all()) and self._frozen is None:
@@ -386,6 +384,7 @@ class SGMCMCKernel(MCMCKernel):
         self._control_variate: Optional[ControlVariate] = None
 
     def _evaluate(self, positions: torch.Tensor, indices):
+        """Minibatch potential and gradient at ``positions``: plain, or control-variate centred."""
         if self._control_variate is None:
             return self.potential.batched_potential_and_grad(positions, indices)
         return self._control_variate(positions, indices)
