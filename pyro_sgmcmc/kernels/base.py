@@ -103,12 +103,14 @@ class SGMCMCKernel(MCMCKernel):
         adapt_mass_matrix: bool = False,
         full_mass: Optional[bool] = None,
         control_variate=None,
+        start_at_centre: bool = False,
         jit_compile: bool = False,
     ) -> None:
         if not callable(model):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
         self.model = model
         self._init_preconditioning(step_size, temperature, adapt_mass_matrix, full_mass, control_variate)
+        self.start_at_centre = _start_at_centre(start_at_centre, control_variate)
         self.step_size = as_schedule(1e-3 if step_size is None else step_size, "step_size")
         self._initial_step_size = self.step_size
         self.temperature = _non_negative(
@@ -261,6 +263,8 @@ class SGMCMCKernel(MCMCKernel):
 
         positions = self._initial_positions(initial_params, num_chains, num_superchains)
         self._setup_control_variate(positions)
+        if self.start_at_centre:  # Baker et al. (2019) start SGLD-CV at the MAP: burn-in then only spreads the chains
+            positions = self._control_variate.centre.expand(num_chains, -1).clone()
         energy, grad = self._evaluate(positions, self.minibatches.next())
         momentum, thermostat = self._init_auxiliary(positions)
         self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
@@ -624,4 +628,12 @@ def _positive(value, name: str) -> float:
 def _choice(value, name: str, accepted) -> str:
     if not isinstance(value, str) or value not in accepted:
         raise ValueError(f"{name} must be one of {accepted}; got {value!r}")
+    return value
+
+
+def _start_at_centre(value, control_variate) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"start_at_centre must be True or False; got {value!r}")
+    if value and control_variate is None:
+        raise ValueError("start_at_centre=True needs a control_variate (the centre is where the chains start)")
     return value

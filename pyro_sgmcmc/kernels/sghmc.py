@@ -36,7 +36,7 @@ class SGHMC(SGMCMCKernel):
     ----------
     model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
         As for :class:`~pyro_sgmcmc.SGLD`.
-    adapt_mass_matrix, full_mass, control_variate :
+    adapt_mass_matrix, full_mass, control_variate, start_at_centre :
         As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
         ``friction``) are in preconditioned units.
     friction : float
@@ -82,6 +82,7 @@ class SGHMC(SGMCMCKernel):
         adapt_mass_matrix: bool = False,
         full_mass: Optional[bool] = None,
         control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
+        start_at_centre: bool = False,
         jit_compile: bool = False,
     ) -> None:
         super().__init__(
@@ -94,6 +95,7 @@ class SGHMC(SGMCMCKernel):
             adapt_mass_matrix=adapt_mass_matrix,
             full_mass=full_mass,
             control_variate=control_variate,
+            start_at_centre=start_at_centre,
             jit_compile=jit_compile,
         )
         self.friction = _non_negative(friction, "friction", "the momentum damping alpha")

@@ -72,6 +72,12 @@ class SGLD(SGMCMCKernel):
         of every latent site). Unbiased; lower gradient noise near the centre; one extra minibatch
         evaluation per step. Needs one subsampled plate. See
         :mod:`pyro_sgmcmc.kernels.control_variates`.
+    start_at_centre : bool
+        Start every chain at the control variate's centre (the MAP with ``"map"``), as Baker et al.
+        (2019) start SGLD-CV; the chains' own initial values (``init_strategy`` or
+        ``initial_params``) then only start the MAP search. Burn-in is then only the time for the
+        chains to spread out from the mode, but the chains no longer start over-dispersed, so R-hat
+        cannot detect a second mode. Needs ``control_variate``. Default False.
     jit_compile : bool
         Compile the one-chain potential and gradient with :func:`torch.jit.trace` on the first step
         (:class:`~pyro_sgmcmc.ModelPotential`'s ``jit_compile``): Pyro's per-step machinery then runs
@@ -109,6 +115,7 @@ class SGLD(SGMCMCKernel):
         adapt_mass_matrix: bool = False,
         full_mass: Optional[bool] = None,
         control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
+        start_at_centre: bool = False,
         jit_compile: bool = False,
     ) -> None:
         super().__init__(
@@ -121,6 +128,7 @@ class SGLD(SGMCMCKernel):
             adapt_mass_matrix=adapt_mass_matrix,
             full_mass=full_mass,
             control_variate=control_variate,
+            start_at_centre=start_at_centre,
             jit_compile=jit_compile,
         )
 
