@@ -175,6 +175,8 @@ class ModelPotential:
         self._log_joint = _LogJoint(self._values, priors, _StandardPriors.find(prototype, self.sites))
         self._batched_fn = None
         self._vectorizable = True
+        self._summed_fn = None
+        self._summable = True
 
     # ------------------------------------------------------------------ layout
     @property
@@ -307,6 +309,33 @@ class ModelPotential:
         results = [self.potential_and_grad(z, {k: v[c] for k, v in indices.items()}) for c, z in enumerate(positions)]
         return torch.stack([r[0] for r in results]), torch.stack([r[1] for r in results])
 
+    def summed_potential_and_grad(
+        self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]
+    ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """``(sum_k U_k(z), sum_k dU_k/dz)`` over ``K`` minibatches at *one* point ``z``.
+
+        ``position`` is ``(dim,)`` and ``indices`` maps each subsampled plate to a ``(K,
+        subsample_size)`` LongTensor. The model runs once under :func:`torch.func.vmap` over the
+        minibatches only, with ``z`` shared (not batched): the model's products with the latent
+        values are then single matrix-vector products over all ``K B`` data instead of ``K``
+        batched ones, and the gradient of the sum is taken once (for a logistic regression on
+        10^6 data, 4-5 times faster than :meth:`batched_potential_and_grad` on ``K`` copies of
+        ``z``). Used for full-data passes (control variates). Returns ``None`` when the model
+        cannot run this way (the caller then uses :meth:`batched_potential_and_grad`).
+        """
+        if not self._summable:
+            return None
+        if self._summed_fn is None:
+            per_batch = torch.func.vmap(self._potential, in_dims=(None, 0), randomness="different")
+            self._summed_fn = torch.func.grad_and_value(lambda z, idx: per_batch(z, idx).sum())
+        try:
+            with pyro.validation_enabled(False), torch.enable_grad():
+                grad, potential = self._summed_fn(position.detach(), dict(indices))
+        except RuntimeError:  # e.g. data-dependent control flow: the caller falls back to copies of z
+            self._summable = False
+            return None
+        return potential.detach().to(position.dtype), grad.detach()
+
     def _potential(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return -self.log_density(position, indices)
 
@@ -358,19 +387,20 @@ class ModelPotential:
         else a draw from ``init_strategy`` with finite potential and gradient (up to ``max_tries`` draws)."""
         if initial_params is not None:
             position = self.pack(initial_params)
-            potential, grad = self.potential_and_grad(position)
+            potential, grad = self.potential_and_grad(position, self._check_indices())
             if not (torch.isfinite(potential) and torch.isfinite(grad).all()):
                 raise ValueError("initial_params give a non-finite potential energy or gradient")
             return position
-        model = InitMessenger(self._init_fn)(self.model)
         values = self._prototype_values
         for _ in range(max_tries):
+            indices = self._check_indices()
             if values is None:
+                model = InitMessenger(self._init_fn)(poutine.condition(self.model, data=indices))
                 with poutine.block():
                     trace = poutine.trace(model).get_trace(*self.model_args, **self.model_kwargs)
                 values = {s.name: trace.nodes[s.name]["value"].detach() for s in self.sites}
             position = torch.cat([s.transform.inv(values[s.name]).reshape(-1) for s in self.sites]).to(self.dtype)
-            potential, grad = self.potential_and_grad(position)
+            potential, grad = self.potential_and_grad(position, indices)
             if torch.isfinite(potential) and torch.isfinite(grad).all():
                 self._prototype_values = None  # the next call draws a new point
                 return position
@@ -379,6 +409,18 @@ class ModelPotential:
             f"could not find an initial point with finite potential and gradient in {max_tries} draws "
             "of init_strategy; check the model or pass initial_params"
         )
+
+    def _check_indices(self) -> Dict[str, torch.Tensor]:
+        """A minibatch for checking a starting point (``B`` indices drawn with replacement, ``O(B)``).
+
+        Left to itself, Pyro's plate draws its subsample from ``torch.randperm(N)``, ``O(N)`` per
+        model run: at ``N = 10^7`` that is 70 ms per chain and per run, for a finiteness check.
+        """
+        return {
+            plate.name: torch.randint(plate.size, (plate.subsample_size,), device=self.device)
+            for plate in self.subsample_plates
+            if not plate.user_indices
+        }
 
 
 def _value_and_grad(potential: Callable, position: torch.Tensor, plate_indices) -> Tuple[torch.Tensor, torch.Tensor]:
