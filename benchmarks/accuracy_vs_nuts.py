@@ -73,15 +73,15 @@ TOLERANCE = 0.1  # in posterior sd
 CHAINS = 16
 BURN_IN = 300
 TIME_BUDGET = 600.0  # seconds per stochastic-gradient run
-# SGHMC-CV. The normalised curvature H / N of this posterior has eigenvalues 0.16-0.27 at every N (printed).
-# Step 1.0: eps * sqrt(lambda_max) = 0.52, well inside symplectic Euler's stability limit of 2; its variance
-# bias (about eps^2 lambda / 4 = 7 % on the stiffest direction) does not move the mean of a Gaussian
-# posterior, which is all the criterion asks for. Friction 0.3, about 0.6 sqrt(lambda) (underdamped): the
-# integrated autocorrelation time of the position, 2 alpha / lambda in units of normalised time, is 2-4
-# steps, against 7-12 at friction 1 (the chains start at the mode, so no damping is needed to get there).
-# B = 100: near the centre the control-variate gradient noise is small at any B, so the minibatch only
-# sets the cost of a step. 32 chains, 30 burn-in steps (the chains start at the MAP with stationary momenta
-# and spread out in about 1 / sqrt(lambda) = 2 time units).
+# SGHMC-CV. The normalised curvature H / N of this posterior has eigenvalues 0.095-0.18 at every N (printed,
+# stored as curvature_range). Step 1.0: eps * sqrt(lambda_max) = 0.43, well inside symplectic Euler's stability
+# limit of 2; its variance bias (about eps^2 lambda / 4 = 5 % on the stiffest direction) does not move the mean
+# of a Gaussian posterior, which is all the criterion asks for. Friction 0.3, 0.7-1.0 sqrt(lambda) (under-
+# damped): the integrated autocorrelation time of the position, 2 alpha / lambda in normalised time, is 3-6
+# steps, against 11-21 at friction 1 (the chains start at the mode, so no damping is needed to get there).
+# B = 100: near the centre the control-variate gradient noise is small at any B, so the minibatch only sets
+# the cost of a step. 32 chains, 30 burn-in steps (the chains start at the MAP with stationary momenta and
+# spread out in about 1 / sqrt(lambda) = 2-3 time units).
 CV_STEP, CV_FRICTION, CV_BATCH, CV_CHAINS, CV_BURN_IN = 1.0, 0.3, 100, 32, 30
 
 
@@ -292,7 +292,7 @@ def main(argv=None):
     parser.add_argument("--nuts-max-n", type=int, default=10**6, help="largest N at which NUTS runs in full")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--plain-at-largest", action="store_true",
-                        help="also run SGHMC and SGLD without control variates at N = 10^7 (10 minutes each)")  # fmt: skip
+                        help="also run plain SGHMC and SGLD at N = 10^7 (10 minutes each)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "accuracy_vs_nuts.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "_static" / "accuracy_vs_nuts.png")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out's results")
