@@ -62,6 +62,13 @@ class ChainGenerators:
         """A uniform random permutation of ``range(n)`` from chain ``chain``'s stream (local index)."""
         return torch.randperm(n, generator=self.generators[chain], device=self.device)
 
+    def integers(self, high: int, shape: Sequence[int]) -> torch.Tensor:
+        """Uniform integers in ``[0, high)`` of shape ``(num_chains, *shape)``, each chain from its own stream."""
+        out = torch.empty((len(self.generators), *shape), dtype=torch.long, device=self.device)
+        for row, generator in zip(out, self.generators):
+            row.random_(0, high, generator=generator)
+        return out
+
     def get_state(self) -> List[torch.Tensor]:
         return [g.get_state() for g in self.generators]
 
