@@ -296,6 +296,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "accuracy_vs_nuts.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "_static" / "accuracy_vs_nuts.png")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out's results")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the contenders of --out's results that this run does not re-run")  # fmt: skip
     parser.add_argument("--kinds", nargs="+", choices=SG_KINDS, default=list(SG_KINDS),
                         help="stochastic-gradient contenders to run (NUTS always runs)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -349,6 +351,14 @@ def main(argv=None):
               f"NUTS/SGLD {entry.get('NUTS_over_SGLD')}, NUTS/SGHMC-CV {entry.get('NUTS_over_SGHMC-CV')}")  # fmt: skip
         results["sizes"][n] = entry
         del x, y
+    if args.merge and args.out.exists():
+        previous = json.loads(args.out.read_text())["sizes"]
+        for n, entry in results["sizes"].items():
+            for kind, value in previous.get(str(n), {}).items():
+                if kind in SG_KINDS and kind not in entry:
+                    entry[kind] = value
+                    if entry["NUTS"].get("seconds") and value.get("seconds"):
+                        entry[f"NUTS_over_{kind}"] = entry["NUTS"]["seconds"] / value["seconds"]
     if not args.tiny:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1, default=str))
