@@ -153,9 +153,11 @@ class ModelPotential:
         _check_observed_shapes(prototype)
         self.dim = sum(site.numel for site in self.sites)
         self._site_sizes = [site.numel for site in self.sites]
-        # per site, decided once: (name, unconstrained shape, transform or None for the identity)
+        # per site, decided once: (name, unconstrained shape, transform or None for the identity); the shapes
+        # as plain tuples, which Tensor.view parses faster than torch.Size
         self._layout = [
-            (site.name, site.unconstrained_shape, site.transform if site.has_jacobian else None) for site in self.sites
+            (site.name, tuple(site.unconstrained_shape), site.transform if site.has_jacobian else None)
+            for site in self.sites
         ]
         # the position's dtype: promoted over the latent values and the observed data
         values = list(self._prototype_values.values()) + [
@@ -192,9 +194,11 @@ class ModelPotential:
 
     def unpack(self, position: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Split a flat position ``(..., dim)`` into unconstrained site values ``(..., *shape)``."""
-        batch = position.shape[:-1]
         # one split into views (one call) rather than an indexing per site
         parts = position.split(self._site_sizes, -1)
+        if position.dim() == 1 and position.stride(0) == 1:  # one chain (Pyro's sample(), at every step)
+            return {name: part.view(shape) for (name, shape, _), part in zip(self._layout, parts)}
+        batch = tuple(position.shape[:-1])
         return {name: part.reshape(batch + shape) for (name, shape, _), part in zip(self._layout, parts)}
 
     def pack(self, params: Mapping[str, torch.Tensor], batch_shape: Tuple[int, ...] = ()) -> torch.Tensor:
@@ -595,6 +599,15 @@ class _LogJoint(Messenger):
         if not matched:
             return total
         return self.standard.log_prob(position, self.values, matched) + total
+
+    # Pyro's Messenger looks the handler method up by name at every message; only sample sites matter here
+    def _process_message(self, msg) -> None:
+        if msg["type"] == "sample":
+            self._pyro_sample(msg)
+
+    def _postprocess_message(self, msg) -> None:
+        if msg["type"] == "sample":
+            self._pyro_post_sample(msg)
 
     def _pyro_sample(self, msg) -> None:
         name = msg["name"]

@@ -293,7 +293,9 @@ class SGMCMCKernel(MCMCKernel):
         energy, grad = self._evaluate(position, self.minibatches.next())
         # A sum is finite only if every term is: one reduction (no temporary) and one read settle the usual
         # case. A sum that overflows, or a non-finite term, takes the exact check.
-        if self._frozen is None and math.isfinite(float((energy + grad.sum(-1)).sum())):
+        if self._frozen is None and math.isfinite(
+            float(grad.sum() + (energy if energy.numel() == 1 else energy.sum()))
+        ):
             finite = None
         else:
             finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
