@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import pyro
 import pyro.poutine as poutine
@@ -153,6 +153,12 @@ class ModelPotential:
         _check_observed_shapes(prototype)
         self.dim = sum(site.numel for site in self.sites)
         self._site_sizes = [site.numel for site in self.sites]
+        # per site, decided once: (name, unconstrained shape, transform or None for the identity); the shapes
+        # as plain tuples, which Tensor.view parses faster than torch.Size
+        self._layout = [
+            (site.name, tuple(site.unconstrained_shape), site.transform if site.has_jacobian else None)
+            for site in self.sites
+        ]
         # the position's dtype: promoted over the latent values and the observed data
         values = list(self._prototype_values.values()) + [
             site["value"] for site in prototype.nodes.values()
@@ -190,8 +196,12 @@ class ModelPotential:
 
     def unpack(self, position: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Split a flat position ``(..., dim)`` into unconstrained site values ``(..., *shape)``."""
-        batch = position.shape[:-1]
-        return {site.name: position[..., site.slice].reshape(batch + site.unconstrained_shape) for site in self.sites}
+        # one split into views (one call) rather than an indexing per site
+        parts = position.split(self._site_sizes, -1)
+        if position.dim() == 1 and position.stride(0) == 1:  # one chain (Pyro's sample(), at every step)
+            return {name: part.view(shape) for (name, shape, _), part in zip(self._layout, parts)}
+        batch = tuple(position.shape[:-1])
+        return {name: part.reshape(batch + shape) for (name, shape, _), part in zip(self._layout, parts)}
 
     def pack(self, params: Mapping[str, torch.Tensor], batch_shape: Tuple[int, ...] = ()) -> torch.Tensor:
         """Concatenate unconstrained site values ``{name: (*batch_shape, *shape)}`` into ``(*batch_shape, dim)``."""
@@ -244,13 +254,14 @@ class ModelPotential:
             values.update(indices)
         log_det = None
         # one split into per-site views (cheaper under vmap than a slice per site)
-        for site, flat in zip(self.sites, position.split(self._site_sizes)):
-            u = flat.view(site.unconstrained_shape)
-            x = site.transform(u)
-            values[site.name] = x
-            if site.has_jacobian:
-                term = site.transform.log_abs_det_jacobian(u, x).sum()
-                log_det = term if log_det is None else log_det + term
+        for (name, shape, transform), flat in zip(self._layout, position.split(self._site_sizes)):
+            u = flat.view(shape)
+            if transform is None:  # real support: the identity (Pyro's would return u itself)
+                values[name] = u
+                continue
+            x = values[name] = transform(u)
+            term = transform.log_abs_det_jacobian(u, x).sum()
+            log_det = term if log_det is None else log_det + term
         try:
             log_joint = self._log_joint.run(self.model, self.model_args, self.model_kwargs, position)
         except Exception as error:
@@ -537,10 +548,43 @@ class _FastNormalPriors(Messenger):
 
 def _broadcast_constant_key(tensor: torch.Tensor) -> Optional[tuple]:
     """``(dtype, device, value)`` for a constant tensor that holds one value broadcast over its shape
-    (a scalar, or a scalar expanded: all strides of its non-trivial axes are zero), else ``None``."""
+    (a scalar, or a scalar expanded: all strides of its non-trivial axes are zero), else ``None``.
+
+    Reads the value with ``.item()`` (a device sync): for set-up and rare paths only; the per-step check
+    of the standard priors reads no value (:func:`_constant_scalar`, :meth:`_StandardPriors.verify`)."""
     if any(stride for stride, size in zip(tensor.stride(), tensor.shape) if size > 1) or not _is_constant(tensor):
         return None
     return tensor.dtype, tensor.device, tensor[(0,) * tensor.dim()].item()
+
+
+def _constant_scalar(tensor: torch.Tensor) -> Optional[torch.Tensor]:
+    """The one value of a constant broadcast tensor (see :func:`_broadcast_constant_key`) as a 0-d tensor
+    that shares its storage, without reading it (no copy, no device sync); ``None`` for anything else.
+
+    ``dist.Normal(0., 1.).expand(shape)`` holds views, all strides zero, of the 0-d tensors made from the
+    Python floats: their ``_base`` is that 0-d tensor. Recognising this takes a few attribute reads, far
+    fewer than indexing; any other tensor takes the general path."""
+    if not (tensor.requires_grad or _functorch.is_functorch_wrapped_tensor(tensor)):
+        base = tensor._base
+        if (
+            base is not None
+            and base.dim() == 0
+            and not any(tensor.stride())
+            and tensor.storage_offset() == base.storage_offset()
+        ):  # every element is the base's one element
+            return base
+    while True:  # unwrap torch.func's wrappers; a differentiated or vmapped tensor is not a constant
+        if tensor.requires_grad or _functorch.is_batchedtensor(tensor):
+            return None
+        if not _functorch.is_functorch_wrapped_tensor(tensor):
+            break
+        tensor = _functorch.get_unwrapped(tensor)
+    if tensor.dim() == 0:
+        return tensor
+    for stride, size in zip(tensor.stride(), tensor.shape):
+        if size != 1 and (stride or not size):  # a varying axis, or no element at all
+            return None
+    return tensor.as_strided((), ())  # the element at the tensor's storage offset
 
 
 class _LogJoint(Messenger):
@@ -551,8 +595,9 @@ class _LogJoint(Messenger):
     ``scale_and_mask(fn.log_prob(value), scale, mask).sum()`` once the plates have set its scale (the
     same terms in the trace's order). Subsample sites are skipped (their ``log_prob`` is zero). The
     latent sites found in set-up to have a constant zero-mean ``Normal`` prior on an unconstrained
-    value (:class:`_StandardPriors`) are not evaluated one by one: while the model builds the same
-    prior, their terms are added together in one product of the flat position with itself.
+    value (:class:`_StandardPriors`) are not evaluated one by one: when the model builds the same
+    prior (checked for all of them at once after the run), their terms are added together in one
+    product of the flat position with itself.
     """
 
     def __init__(self, values: Dict[str, torch.Tensor], priors: "_FastNormalPriors", standard) -> None:
@@ -560,18 +605,51 @@ class _LogJoint(Messenger):
         self.values = values
         self.priors = priors
         self.standard: Optional[_StandardPriors] = standard
-        self.total = 0.0
-        self._deferred: set = set()
+        self._standard_names = standard.sites if standard is not None else frozenset()
+        # per call: the log-probability terms in the trace's order (a deferred site holds its name),
+        # and the deferred sites' (fn, value) and constants for the check after the run
+        self._terms: List = []
+        self._deferred: Dict[str, tuple] = {}
+        self._scalars: List[torch.Tensor] = []
 
     def run(self, model: Callable, args: tuple, kwargs: dict, position: Optional[torch.Tensor] = None):
-        self.total = 0.0
-        self._deferred.clear()
-        with self:
-            model(*args, **kwargs)
-        total, self.total = self.total, 0.0  # do not keep the graph alive between calls
-        if self._deferred:
-            total = self.standard.log_prob(position, self.values, self._deferred) + total
-        return total
+        terms, deferred, scalars = self._terms, self._deferred, self._scalars
+        try:
+            with self:
+                model(*args, **kwargs)
+            if not deferred:
+                return _sum_terms(terms, 0.0)
+            matched = self.standard.verify(deferred, scalars)
+            if matched is None:  # the usual case: every deferred site built its set-up prior
+                return self.standard.log_prob(position, self.values, deferred) + _sum_terms(terms, 0.0)
+            return self._fallback(terms, deferred, matched, position)
+        finally:  # do not keep the graph alive between calls
+            terms.clear()
+            deferred.clear()
+            scalars.clear()
+
+    def _fallback(self, terms: List, deferred: Dict[str, tuple], matched, position: torch.Tensor):
+        """Some deferred site built another prior at this call: evaluate it in its place, as a site that
+        was not deferred would have been (same stand-in, same order of the sum)."""
+        for i, term in enumerate(terms):
+            if isinstance(term, str) and term not in matched:
+                fn, value = deferred[term]
+                msg = {"name": term, "fn": fn, "args": (), "kwargs": {}}
+                self.priors._pyro_sample(msg)
+                terms[i] = self._site_log_prob(term, msg["fn"], value, (), {}, 1.0, None)
+        total = _sum_terms(terms, 0.0)
+        if not matched:
+            return total
+        return self.standard.log_prob(position, self.values, matched) + total
+
+    # Pyro's Messenger looks the handler method up by name at every message; only sample sites matter here
+    def _process_message(self, msg) -> None:
+        if msg["type"] == "sample":
+            self._pyro_sample(msg)
+
+    def _postprocess_message(self, msg) -> None:
+        if msg["type"] == "sample":
+            self._pyro_post_sample(msg)
 
     def _pyro_sample(self, msg) -> None:
         name = msg["name"]
@@ -579,24 +657,55 @@ class _LogJoint(Messenger):
             msg["value"] = self.values[name]
             msg["is_observed"] = msg["value"] is not None
             # the last handler to see the site: its scale and mask are final here
-            if self.standard is not None and name in self.standard.sites and self.standard.matches(msg):
-                self._deferred.add(name)
-                return
+            if name in self._standard_names:
+                pair = self.standard.scalars(msg)
+                if pair is not None:
+                    self._deferred[name] = (msg["fn"], msg["value"])
+                    self._scalars += pair
+                    self._terms.append(name)
+                    return
         self.priors._pyro_sample(msg)
 
     def _pyro_post_sample(self, msg) -> None:
         fn = msg["fn"]
-        if isinstance(fn, _Subsample) or msg["name"] in self._deferred:
+        name = msg["name"]
+        if isinstance(fn, _Subsample) or name in self._deferred:
             return
+        self._terms.append(
+            self._site_log_prob(name, fn, msg["value"], msg["args"], msg["kwargs"], msg["scale"], msg["mask"])
+        )
+
+    @staticmethod
+    def _site_log_prob(name: str, fn, value, args, kwargs, scale, mask) -> torch.Tensor:
         try:
-            log_p = fn.log_prob(msg["value"], *msg["args"], **msg["kwargs"])
+            log_p = fn.log_prob(value, *args, **kwargs)
         except ValueError as error:
-            raise ValueError(f"Error while computing log_prob at site {msg['name']!r}:\n{error}") from error
-        log_p = scale_and_mask(log_p, msg["scale"], msg["mask"]).sum()
+            raise ValueError(f"Error while computing log_prob at site {name!r}:\n{error}") from error
+        log_p = scale_and_mask(log_p, scale, mask).sum()
         if is_validation_enabled():
-            warn_if_nan(log_p, f"log_prob_sum at site '{msg['name']}'")
-            warn_if_inf(log_p, f"log_prob_sum at site '{msg['name']}'", allow_neginf=True)
-        self.total = self.total + log_p
+            warn_if_nan(log_p, f"log_prob_sum at site '{name}'")
+            warn_if_inf(log_p, f"log_prob_sum at site '{name}'", allow_neginf=True)
+        return log_p
+
+
+def _sum_terms(terms: List, total):
+    """``total + t_1 + t_2 + ...`` over the tensor terms, left to right (the trace's order); a leading
+    ``0.0`` is not added (``0.0 + t`` is ``t``: one operation and one backward node fewer)."""
+    for term in terms:
+        if isinstance(term, str):  # a deferred site, summed apart
+            continue
+        total = term if isinstance(total, float) and total == 0.0 else total + term
+    return total
+
+
+class _SiteForm(NamedTuple):
+    """What a standard prior looks like at set-up: checked at every call without reading a value."""
+
+    event_dims: int
+    batch_shape: torch.Size
+    event_shape: torch.Size
+    loc: tuple  # (dtype, device, value)
+    scale: tuple
 
 
 class _StandardPriors:
@@ -608,17 +717,22 @@ class _StandardPriors:
 
     When all such sites are present (the usual case), this is one dot product of the flat position
     (weighted when the sites are not all of the sites or their ``sigma`` differ). At every call each site
-    must still build the same prior (checked cheaply: the constants are compared), with unit scale and
-    no mask, or it is evaluated the ordinary way.
+    must still build the same prior, with unit scale and no mask, or it is evaluated the ordinary way.
+    The check is in two parts, so that no value is read per site (a ``.item()`` is a device sync):
+    :meth:`scalars` compares the structure as the site runs (types, shapes, dtypes, devices, broadcast
+    constants) and :meth:`verify`, after the run, compares all the constants at once, in one tensor.
     """
 
-    def __init__(self, signatures: Dict[str, tuple], scales: Dict[str, float], sites) -> None:
-        self.signatures = signatures
-        self.sites = frozenset(signatures)
-        self._last_fn: Dict[str, object] = {}
+    def __init__(self, forms: Dict[str, _SiteForm], sites) -> None:
+        self.forms = forms
+        self.sites = frozenset(forms)
+        self._last: Dict[str, tuple] = {}  # name -> (fn, its constants) of the last call
+        self._expected: Dict[tuple, torch.Tensor] = {}  # deferred names, in order -> their constants
         self._members = [site for site in sites if site.name in self.sites]
-        self._inverse_variance = {s.name: 1.0 / scales[s.name] ** 2 for s in self._members}
-        self._log_normaliser = {s.name: s.numel * (math.log(scales[s.name]) + _HALF_LOG_2PI) for s in self._members}
+        self._inverse_variance = {s.name: 1.0 / forms[s.name].scale[2] ** 2 for s in self._members}
+        self._log_normaliser = {
+            s.name: s.numel * (math.log(forms[s.name].scale[2]) + _HALF_LOG_2PI) for s in self._members
+        }
         self._total_log_normaliser = sum(self._log_normaliser.values())
         dim = sum(site.numel for site in sites)
         inverse_variances = set(self._inverse_variance.values())
@@ -633,33 +747,88 @@ class _StandardPriors:
 
     @classmethod
     def find(cls, trace, sites) -> "Optional[_StandardPriors]":
-        signatures, scales = {}, {}
+        forms = {}
         for site in sites:
             node = trace.nodes[site.name]
             if site.has_jacobian or node["args"] or node["kwargs"]:
                 continue
             signature = _normal_signature(node["fn"])
-            if signature is None or signature[0][0] is None or signature[0][1] is None:
+            if signature is None:
                 continue
-            loc, scale = signature[0][0][2], signature[0][1][2]
-            if loc != 0 or not (math.isfinite(scale) and scale > 0):
+            (loc, scale), event_dims, batch_shape, event_shape = signature
+            if loc[2] != 0 or not (math.isfinite(scale[2]) and scale[2] > 0):
                 continue
-            signatures[site.name], scales[site.name] = signature, scale
-        return cls(signatures, scales, sites) if signatures else None
+            forms[site.name] = _SiteForm(event_dims, torch.Size(batch_shape), torch.Size(event_shape), loc, scale)
+        return cls(forms, sites) if forms else None
 
-    def matches(self, msg) -> bool:
+    def scalars(self, msg) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The site's ``(loc, scale)`` constants as 0-d tensors if the site builds a prior of its set-up
+        form (all but the values, checked by :meth:`verify`), with unit scale and no mask; else ``None``."""
         if msg["args"] or msg["kwargs"] or msg["mask"] is not None:
-            return False
+            return None
         scale = msg["scale"]
         if not (isinstance(scale, (int, float)) and scale == 1.0):
-            return False
+            return None
         fn, name = msg["fn"], msg["name"]
-        if self._last_fn.get(name) is fn:  # the same object as last time (a PyroSample prior)
-            return True
-        if _normal_signature(fn) != self.signatures[name]:
-            return False
-        self._last_fn[name] = fn
-        return True
+        last = self._last.get(name)
+        if last is not None and last[0] is fn:  # the same object as last time (a PyroSample prior)
+            return last[1]
+        form = self.forms[name]
+        base, event_dims = fn, 0
+        while isinstance(base, torch.distributions.Independent):
+            event_dims += base.reinterpreted_batch_ndims
+            base = base.base_dist
+        if (
+            type(base) not in _NORMALS
+            or event_dims != form.event_dims
+            or fn.batch_shape != form.batch_shape
+            or fn.event_shape != form.event_shape
+        ):
+            return None
+        loc, scale = _constant_scalar(base.loc), _constant_scalar(base.scale)
+        # the devices are compared in verify, once for all sites
+        if loc is None or scale is None or loc.dtype is not form.loc[0] or scale.dtype is not form.scale[0]:
+            return None
+        pair = (loc, scale)
+        self._last[name] = (fn, pair)
+        return pair
+
+    def verify(self, deferred: Mapping[str, tuple], scalars: List[torch.Tensor]):
+        """``None`` when the deferred sites' constants are their set-up values; else the names of the sites
+        whose constants are (found site by site: a rare path).
+
+        Constants on the CPU are read (no device sync, and cheaper than a tensor operation); on another
+        device they are compared in one tensor operation, so one sync per call instead of one per site."""
+        names = tuple(deferred)
+        expected = self._expected.get(names)
+        if expected is None:
+            expected = self._expected[names] = self._expected_constants(names)
+        values, devices = expected
+        if devices == _CPU_ONLY and all(scalar.is_cpu for scalar in scalars):
+            if [scalar.item() for scalar in scalars] == values:
+                return None
+        elif devices != _CPU_ONLY:
+            try:  # refuses constants on several devices: then checked site by site
+                constants = torch.stack(scalars)
+            except RuntimeError:
+                constants = None
+            if constants is not None and constants.device == devices:
+                if torch.equal(constants, constants.new_tensor(values)):
+                    return None
+        return {
+            name
+            for i, name in enumerate(names)
+            if _scalar_key(scalars[2 * i]) == self.forms[name].loc
+            and _scalar_key(scalars[2 * i + 1]) == self.forms[name].scale
+        }
+
+    def _expected_constants(self, names: Tuple[str, ...]) -> tuple:
+        """The set-up constants of these sites, in the order of the check, and their one device (or
+        ``_CPU_ONLY``; ``None`` for several devices, which then fail the fast checks)."""
+        keys = [key for name in names for key in (self.forms[name].loc, self.forms[name].scale)]
+        devices = {key[1] for key in keys}
+        device = devices.pop() if len(devices) == 1 else None
+        return [key[2] for key in keys], (_CPU_ONLY if device is not None and device.type == "cpu" else device)
 
     def log_prob(self, position: torch.Tensor, values: Mapping[str, torch.Tensor], names) -> torch.Tensor:
         if len(names) == len(self.sites):
@@ -678,6 +847,14 @@ class _StandardPriors:
         if key not in self._cast_weights:
             self._cast_weights[key] = self._weights.to(dtype=position.dtype, device=position.device)
         return self._cast_weights[key]
+
+
+_CPU_ONLY = "cpu"  # all of a check's constants are on the CPU
+
+
+def _scalar_key(scalar: torch.Tensor) -> tuple:
+    """``(dtype, device, value)`` of a 0-d tensor, as :func:`_broadcast_constant_key` (reads the value)."""
+    return scalar.dtype, scalar.device, scalar.item()
 
 
 def _normal_signature(fn) -> Optional[tuple]:

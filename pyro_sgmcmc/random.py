@@ -54,6 +54,8 @@ class ChainGenerators:
     def normal(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """Standard normal draws of shape ``(num_chains, *shape)``, each chain from its own stream."""
         out = torch.empty((len(self.generators), *shape), dtype=dtype, device=self.device)
+        if len(self.generators) == 1:  # the whole (contiguous) tensor: the same draws as its one row
+            return out.normal_(generator=self.generators[0])
         for row, generator in zip(out, self.generators):
             row.normal_(generator=generator)
         return out

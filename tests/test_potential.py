@@ -362,3 +362,82 @@ def test_initial_position_does_not_draw_a_full_permutation(monkeypatch):
         position = potential.initial_position()
         assert bool(torch.isfinite(position).all())
     assert n not in sizes
+
+
+def test_constant_scalar_finds_the_one_value_of_a_broadcast_constant_without_reading_it():
+    from pyro_sgmcmc.potential import _constant_scalar
+
+    expanded = dist.Normal(0.5, 2.0).expand([3, 4]).scale  # a view of the 0-d tensor made from 2.0
+    assert expanded._base is not None and _constant_scalar(expanded) is expanded._base
+    assert float(_constant_scalar(expanded)) == 2.0
+    assert float(_constant_scalar(torch.tensor(1.5))) == 1.5  # a 0-d tensor itself
+    picked = torch.tensor([1.0, 7.0, 3.0])[1:2].expand(5)  # a view of a 3-element tensor: the general path
+    assert _constant_scalar(picked).dim() == 0 and float(_constant_scalar(picked)) == 7.0
+    assert _constant_scalar(torch.tensor([1.0, 2.0])) is None  # varies
+    assert _constant_scalar(torch.tensor(1.0, requires_grad=True).expand(3)) is None  # differentiated
+    assert _constant_scalar(torch.zeros(0)) is None  # no element
+
+
+def test_standard_priors_checked_after_the_run_fall_back_when_the_model_changes_at_a_step():
+    """The deferred sites' constants are compared all at once after the run; a site whose prior changed at
+    this call (its loc, its scale, its dtype, its batch and event shapes or its distribution) is evaluated
+    the ordinary way, in its place, and the value and gradient are Pyro's (trace sum). The next call with
+    the set-up prior takes the fast path again."""
+    torch.manual_seed(0)
+    x = torch.randn(50, 3)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + torch.randn(50)
+    change = {}
+
+    def model(x, y):
+        w_prior = dist.Normal(change.get("loc", 0.0), change.get("scale", 1.0)).expand([3]).to_event(1)
+        if "dtype" in change:
+            w_prior = dist.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0).expand([3]).to_event(1)
+        if "shape" in change:  # batch shape (3,), event shape (): another form
+            w_prior = dist.Normal(0.0, 1.0).expand([3])
+        if "laplace" in change:
+            w_prior = dist.Laplace(0.0, 1.0).expand([3]).to_event(1)
+        w = pyro.sample("w", w_prior)
+        b = pyro.sample("b", dist.Normal(0.0, 2.0))
+        with pyro.plate("data", 50, subsample_size=10) as i:
+            pyro.sample("y", dist.Normal(x[i] @ w.float() + b, 1.0), obs=y[i])
+
+    potential = ModelPotential(model, (x, y))
+    standard = potential._log_joint.standard
+    assert standard.sites == {"w", "b"}
+    calls = []
+    verify = standard.verify
+    standard.verify = lambda deferred, scalars: calls.append(verify(deferred, scalars)) or calls[-1]
+    for case in [{}, {"loc": 0.5}, {"scale": 0.3}, {"dtype": 1}, {"shape": 1}, {"laplace": 1}, {}]:
+        change.clear()
+        change.update(case)
+        z = torch.randn(potential.dim)
+        indices = {"data": torch.randperm(50)[:10]}
+        value, grad = potential.potential_and_grad(z, indices)
+        z_ = z.clone().requires_grad_(True)
+        expected = _reference_potential(potential, model, (x, y), z_, indices)
+        (expected_grad,) = torch.autograd.grad(expected, z_)
+        assert torch.allclose(value, expected.detach().to(value.dtype), rtol=1e-5), case
+        assert torch.allclose(grad, expected_grad.to(grad.dtype), rtol=1e-5, atol=1e-5), case
+    # loc and scale pass the structural check and fail the comparison of the constants (b alone stays
+    # deferred); dtype, shape and distribution fail the structural check (b alone is checked)
+    assert calls == [None, {"b"}, {"b"}, None, None, None, None]
+
+
+def test_standard_priors_one_tensor_comparison_off_the_cpu():
+    """Constants off the CPU are compared in one tensor operation (one device sync per call): exercised on
+    the CPU by marking the expected constants as living on a (CPU) device object."""
+    from pyro_sgmcmc.potential import _StandardPriors
+
+    def model():
+        pyro.sample("a", dist.Normal(0.0, 1.0))
+        pyro.sample("b", dist.Normal(0.0, 3.0).expand([2]).to_event(1))
+
+    potential = ModelPotential(model)
+    standard: _StandardPriors = potential._log_joint.standard
+    names = ("a", "b")
+    values, _ = standard._expected_constants(names)
+    standard._expected[names] = (values, torch.device("cpu"))
+    deferred = dict.fromkeys(names)
+    zero, one, three = torch.tensor(0.0), torch.tensor(1.0), torch.tensor(3.0)
+    assert standard.verify(deferred, [zero, one, zero, three]) is None
+    assert standard.verify(deferred, [zero, one, zero, one]) == {"a"}

@@ -188,7 +188,7 @@ class SGMCMCKernel(MCMCKernel):
         return OrderedDict(
             [
                 ("step size", f"{self._last_step_size:.2e}"),
-                ("lp", f"{-float(self.state.potential.mean()):.4g}"),
+                ("lp", f"{-_mean(self.state.potential):.4g}"),
                 ("div", str(self.num_divergences)),
             ]
         )
@@ -274,7 +274,10 @@ class SGMCMCKernel(MCMCKernel):
         self._num_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
         self._frozen: Optional[torch.Tensor] = None  # chains stopped by on_divergence="freeze"
         self.divergence_log: List[tuple] = []
-        self._last_diverging = torch.zeros(num_chains, dtype=torch.bool, device=positions.device)
+        # no chain diverged (never modified in place: a step without divergence shares it, allocating nothing)
+        self._no_divergence = torch.zeros(num_chains, dtype=torch.bool, device=positions.device)
+        self._last_diverging = self._no_divergence
+        self._divergence_count = 0  # num_divergences, kept as a Python int (read at every step by logging())
         self._last_step_size = self.step_size(0)
 
     def step(self) -> SGMCMCState:
@@ -292,11 +295,17 @@ class SGMCMCKernel(MCMCKernel):
         else:  # preconditioned: the same update in w = L^-1 z (see kernels/preconditioning.py)
             position, momentum, thermostat = self._adaptation.transition(self, state, drift, step_size, noise)
         energy, grad = self._evaluate(position, self.minibatches.next())
-        # grad * 0 is 0 where finite and nan where not: one float reduction instead of slow boolean ops
-        finite = torch.isfinite(energy + (grad * 0).sum(-1))
-        if bool(finite.all()) and self._frozen is None:
+        # A sum is finite only if every term is: one reduction (no temporary) and one read settle the usual
+        # case. A sum that overflows, or a non-finite term, takes the exact check.
+        if self._frozen is None and math.isfinite(
+            float(grad.sum() + (energy if energy.numel() == 1 else energy.sum()))
+        ):
+            finite = None
+        else:
+            finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
+        if finite is None or (self._frozen is None and bool(finite.all())):
             state = SGMCMCState(position, momentum, thermostat, energy, grad, state.step + 1)
-            self._last_diverging = ~finite
+            self._last_diverging = self._no_divergence
         else:  # sets _last_diverging: the chains that diverged at this step (a frozen chain only once)
             state = self._reject_divergent(state, finite, position, momentum, thermostat, energy, grad)
         self.state = state
@@ -342,6 +351,7 @@ class SGMCMCKernel(MCMCKernel):
         self._divergences = [list(d) for d in saved["divergences"]]
         self._num_warmup_divergences = saved["num_warmup_divergences"].to(device)
         self._num_divergences = saved["num_divergences"].to(device)
+        self._divergence_count = int(self._num_divergences.sum())
         self._frozen = None if saved["frozen"] is None else saved["frozen"].to(device)
         self.divergence_log = list(saved["divergence_log"])
         self._last_step_size = saved["last_step_size"]
@@ -351,7 +361,8 @@ class SGMCMCKernel(MCMCKernel):
     @property
     def num_divergences(self) -> int:
         """Divergences so far, over all chains, warmup included."""
-        return sum(len(d) for d in self._divergences) + int(self._num_warmup_divergences.sum())
+        # each diverging chain-step is counted once, in _divergences (sampling) or the warmup count
+        return self._divergence_count
 
     @property
     def divergences(self) -> List[List[int]]:
@@ -565,6 +576,7 @@ class SGMCMCKernel(MCMCKernel):
         else:
             self._num_warmup_divergences += diverging.long()
         self._num_divergences += diverging.long()
+        self._divergence_count += len(chains)
         if self.on_divergence == "freeze" and chains:
             self._frozen = diverging if self._frozen is None else self._frozen | diverging
         # chains that keep the new point: finite, not frozen
@@ -599,6 +611,11 @@ class SGMCMCKernel(MCMCKernel):
             if bad:
                 parts.append(f"{' and '.join(bad)} of site {site.name!r}")
         return ", ".join(parts) or "values"
+
+
+def _mean(values: torch.Tensor) -> float:
+    """The mean of a tensor as a float (one chain: its value, without a reduction)."""
+    return float(values) if values.numel() == 1 else float(values.mean())
 
 
 def _as_real(value, name: str) -> float:

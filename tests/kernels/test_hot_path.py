@@ -1,0 +1,81 @@
+"""The per-step shortcuts of the kernels' hot path give what the plain computation gives."""
+
+import pyro
+import pyro.distributions as dist
+import torch
+
+from pyro_sgmcmc import MCMC, SGHMC, SGLD
+from pyro_sgmcmc.random import ChainGenerators
+
+
+def _model(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    with pyro.plate("data", len(y), subsample_size=4) as i:
+        pyro.sample("y", dist.Normal(mu.sum(), 1.0), obs=y[i])
+
+
+def test_one_chain_noise_equals_row_by_row_draws():
+    """One chain draws its noise into the whole tensor at once: the same numbers as drawing its row."""
+    for shape in [(7,), (3151,), (4, 5)]:
+        fast = ChainGenerators(3, [5]).normal(shape, torch.float32)
+        reference = ChainGenerators(3, [5])
+        expected = torch.empty((1, *shape))
+        for row, generator in zip(expected, reference.generators):
+            row.normal_(generator=generator)
+        assert torch.equal(fast, expected), shape
+
+
+def test_a_finite_gradient_whose_sum_overflows_is_not_a_divergence():
+    """Finiteness is checked by one sum; a sum that overflows takes the exact check and is no divergence,
+    a non-finite entry is one."""
+    kernel = SGLD(_model, step_size=1e-3)
+    y = torch.randn(20)
+    kernel.setup_chains(0, (y,), {}, num_chains=2, seed=0)
+    huge = torch.full((2, 3), torch.finfo(torch.float32).max)
+    energy = torch.zeros(2)
+    kernel._evaluate = lambda positions, indices: (energy, huge.clone())
+    kernel.step()
+    assert not kernel.last_stats["diverging"].any() and kernel.num_divergences == 0
+    bad = huge.clone()
+    bad[1, 2] = float("nan")
+    kernel._evaluate = lambda positions, indices: (energy, bad)
+    kernel.step()
+    assert kernel.last_stats["diverging"].tolist() == [False, True]
+    kernel.step()
+    assert kernel.num_divergences == 2 == int(kernel.last_stats["num_divergences"].sum())
+    assert kernel.logging()["div"] == "2"
+
+
+def test_divergence_count_survives_a_checkpoint():
+    kernel = SGLD(_model, step_size=1e-3)
+    y = torch.randn(20)
+    kernel.setup_chains(0, (y,), {}, num_chains=2, seed=0)
+    kernel._reject_divergent(
+        kernel.state, torch.tensor([True, False]), *kernel.state[:2], None, kernel.state.potential, kernel.state.grad
+    )
+    saved = kernel.state_dict()
+    other = SGLD(_model, step_size=1e-3)
+    other.setup_chains(0, (y,), {}, num_chains=2, seed=0)
+    other.load_state_dict(saved)
+    assert other.num_divergences == kernel.num_divergences == 1
+
+
+def test_pyro_mcmc_draws_are_the_kernel_trajectory():
+    """pyro.infer.MCMC's draws (through sample()'s one-chain unpack) are the kernel's own positions, and
+    logging() reports the state's log density."""
+    y = torch.randn(20)
+    pyro.set_rng_seed(0)
+    kernel = SGHMC(_model, step_size=1e-2)
+    positions = []
+    mcmc = pyro.infer.MCMC(
+        kernel, num_samples=5, warmup_steps=0, disable_progbar=True,
+        hook_fn=lambda k, *_: positions.append(k.state.position[0].clone()),
+    )  # fmt: skip
+    mcmc.run(y)
+    assert torch.equal(mcmc.get_samples()["mu"], torch.stack(positions))
+    assert float(kernel.logging()["lp"]) == float(f"{-float(kernel.state.potential):.4g}")
+    batched = MCMC(SGHMC(_model, step_size=1e-2), num_samples=3, num_chains=2, chain_method="vectorized", seed=0,
+                   disable_progbar=True)  # fmt: skip
+    batched.run(y)
+    lp = batched.kernel.logging()["lp"]
+    assert float(lp) == float(f"{-float(batched.kernel.state.potential.mean()):.4g}")
