@@ -7,6 +7,9 @@ The same Bayesian MLP regression, the same data, minibatches of B = 128 out of N
     chain_method="vectorized", keep_last=1)`` for 256 chains (Pyro's validation off, its default).
 ``MCMC jit``
     The same with ``SGHMC(..., jit_compile=True)`` (one chain only: vectorised chains use vmap).
+``MCMC keep_last``
+    One chain through ``pyro_sgmcmc.MCMC(..., chain_method="vectorized", keep_last=1)``: the run keeps only
+    its final state, so it does what the hand loop does (nothing stored per step).
 ``kernel``
     The bare kernel: ``kernel.setup_chains(...)`` once, then ``kernel.step()`` (validation off).
 ``hand``
@@ -14,7 +17,8 @@ The same Bayesian MLP regression, the same data, minibatches of B = 128 out of N
     out, one ``torch.autograd.grad``, the SGHMC update as fused in-place ops, the minibatches and the
     noise drawn from per-chain ``torch.Generator`` streams seeded as the package seeds its chains. For
     256 chains the network runs as ``torch.bmm`` on per-chain minibatches. It does *our* maths, so it
-    reproduces our trajectories (checked below).
+    reproduces our trajectories (checked below). ``hand+draws`` (one chain) also keeps a copy of every
+    draw, as an MCMC run that returns its draws must: the like-for-like baseline of ``MCMC``.
 ``posteriors``
     ``posteriors.sgmcmc.sghmc`` 0.1.x (``update`` on a dict of parameters, its documented use), the log
     posterior written as ``posteriors`` recommends (``(N/B * log-lik + log-prior) / N`` with
@@ -57,7 +61,7 @@ import statistics
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import pyro
 import pyro.distributions as dist
@@ -139,10 +143,13 @@ def log_likelihood(p, xb, yb):
 
 # ------------------------------------------------------------------------------------- hand loop
 class HandSGHMC:
-    """Our SGHMC for K chains in plain PyTorch (K = 1: plain matrix products; K > 1: batched)."""
+    """Our SGHMC for K chains in plain PyTorch (K = 1: plain matrix products; K > 1: batched).
 
-    def __init__(self, x, y, hidden, init: torch.Tensor, seed: int):
+    ``keep_draws``: also keep a copy of every draw, as an MCMC run that returns its draws must."""
+
+    def __init__(self, x, y, hidden, init: torch.Tensor, seed: int, keep_draws: bool = False):
         self.x, self.y, self.hidden = x, y, hidden
+        self.draws: Optional[List[torch.Tensor]] = [] if keep_draws else None
         self.num_chains, self.dim = init.shape
         self.generators = [torch.Generator().manual_seed(chain_seed(seed, c)) for c in range(self.num_chains)]
         self.permutation = torch.empty((self.num_chains, NUM_DATA), dtype=torch.long)
@@ -182,6 +189,8 @@ class HandSGHMC:
         self.momentum.add_(self.noise, alpha=math.sqrt(2.0 * eps * FRICTION / NUM_DATA))
         self.position.add_(self.momentum, alpha=eps)
         self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
+        if self.draws is not None:
+            self.draws.append(self.position.clone())
 
 
 # ------------------------------------------------------------------------------------ posteriors
@@ -258,8 +267,9 @@ class OursMCMC:
     The run takes one step more than is timed: the kept draw (``keep_last=1``: the final state, its copy
     and its statistics) is recorded once per run, at its end, which a long run amortises to nothing."""
 
-    def __init__(self, x, y, hidden, init, seed, jit: bool = False):
+    def __init__(self, x, y, hidden, init, seed, jit: bool = False, keep_last: bool = False):
         self.args, self.hidden, self.init, self.seed = (x, y), hidden, init, seed
+        self.keep_last = keep_last  # one chain through pyro_sgmcmc.MCMC(keep_last=1) instead of pyro.infer.MCMC
         self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, jit_compile=jit)
 
     def run(self, num_steps: int) -> List[tuple]:
@@ -268,7 +278,7 @@ class OursMCMC:
         def hook(*_):
             stamps.append((time.perf_counter(), time.process_time()))
 
-        if self.init.shape[0] == 1:
+        if self.init.shape[0] == 1 and not self.keep_last:
             mcmc = pyro.infer.MCMC(
                 self.kernel, num_samples=num_steps + 2, warmup_steps=0, hook_fn=hook, disable_progbar=True,
                 initial_params={k: v[0] for k, v in unpack(self.init, self.hidden).items()},
@@ -357,12 +367,16 @@ def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0
         return block
 
     contenders["hand"] = stepped(HandSGHMC(x, y, hidden, init, seed))
+    if chains == 1:  # the hand loop as an MCMC run that returns its draws: a copy of each
+        contenders["hand+draws"] = stepped(HandSGHMC(x, y, hidden, init, seed, keep_draws=True))
     contenders["kernel"] = stepped(OursKernel(x, y, hidden, init, seed))
     mcmc = OursMCMC(x, y, hidden, init, seed)
     contenders["MCMC"] = lambda: mcmc.run(steps)
     if chains == 1:
         mcmc_jit = OursMCMC(x, y, hidden, init, seed, jit=True)
         contenders["MCMC jit"] = lambda: mcmc_jit.run(steps)
+        mcmc_last = OursMCMC(x, y, hidden, init, seed, keep_last=True)
+        contenders["MCMC keep_last"] = lambda: mcmc_last.run(steps)
     contenders["posteriors"] = stepped(PosteriorsSGHMC(x, y, hidden, init, seed))
     for block in contenders.values():  # warm-up (allocator, vmap/dynamo import, jit compile)
         block()
@@ -397,6 +411,10 @@ def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0
             "wall_ratio_to_hand": statistics.median(w / h[0] for w, h in zip(wall, per_round["hand"])),
             "cpu_ratio_to_posteriors": statistics.median(c / p[1] for c, p in zip(cpu, per_round["posteriors"])),
         }
+        if "hand+draws" in per_round:
+            result["contenders"][name]["cpu_ratio_to_hand_draws"] = statistics.median(
+                c / h[1] for c, h in zip(cpu, per_round["hand+draws"])
+            )
     return result
 
 
@@ -409,7 +427,7 @@ CONFIGS = {
 
 
 def rst_table(results: dict) -> str:
-    names = ["MCMC", "MCMC jit", "kernel", "hand", "posteriors"]
+    names = ["MCMC", "MCMC keep_last", "MCMC jit", "kernel", "hand", "hand+draws", "posteriors"]
     lines = (
         [
             ".. list-table:: ms per step (all chains), CPU time, median over interleaved blocks;"
