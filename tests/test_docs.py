@@ -23,6 +23,7 @@ quickstart's executed output and for every gallery figure.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -201,9 +202,12 @@ def test_exec_code_directive(builds):
     assert returncode == 0, output  # no -W here: the failure must be reported, not fatal
     good = (out / "good.html").read_text(encoding="utf-8")
     assert "the answer is 42" in good and "still 42" in good, good
-    assert "&quot;the answer is&quot;" in good  # the first block's code is shown (highlighted)
+    # the page's text, tags stripped and entities decoded: Pygments 2.20 writes the code's quotes as
+    # &quot;, 2.21 as plain quotes
+    text = html.unescape(re.sub(r"<[^>]+>", "", good))
+    assert '"the answer is"' in text  # the first block's code is shown (highlighted)
     assert good.count("exec-code-output") == 2
-    assert "&quot;still&quot;" not in good  # :hide-code: the second block's code is not shown
+    assert '"still"' not in text  # :hide-code: the second block's code is not shown
     warnings = [line for line in output.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "bad.rst:4" in warnings[0] and "exec-code block failed" in warnings[0], output
     assert "planted failure" in output
