@@ -23,7 +23,7 @@ pseudo-random (computed); the streams of the two differ.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -46,14 +46,15 @@ class MinibatchSampler:
         The model's subsampled plates (from :class:`~pyro_sgmcmc.ModelPotential`).
     generators : ChainGenerators
         One random stream per chain.
-    table_limit : int
+    table_limit : int, optional
         Plates with ``num_chains * size`` above this use computed permutations; default
-        :data:`TABLE_LIMIT`.
+        :data:`TABLE_LIMIT` (read when the sampler is made).
     """
 
     def __init__(
-        self, plates: Sequence[SubsamplePlate], generators: ChainGenerators, table_limit: int = TABLE_LIMIT
+        self, plates: Sequence[SubsamplePlate], generators: ChainGenerators, table_limit: Optional[int] = None
     ) -> None:
+        table_limit = TABLE_LIMIT if table_limit is None else table_limit
         self.plates = [p for p in plates if not p.user_indices]  # the model draws the others itself
         self.generators = generators
         num_chains = len(generators)

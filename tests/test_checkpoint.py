@@ -48,6 +48,25 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
     assert reference.diagnostics()["divergences"] == resumed.diagnostics()["divergences"]
 
 
+def test_resume_with_computed_permutations_is_bit_identical(tmp_path, monkeypatch):
+    """The same with the minibatch permutations computed on the fly (as for data too large for a table):
+    their keys and cursors are checkpointed, so the resumed run draws the same minibatches."""
+    monkeypatch.setattr("pyro_sgmcmc.minibatch.TABLE_LIMIT", 0)
+    reference = script.run()
+    path = tmp_path / "run.ckpt"
+
+    def interrupt_at_step_57(kernel, params, stage, t):
+        assert kernel.minibatches.keys and not kernel.minibatches.permutations  # the computed path
+        if t == 56:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        script.run(checkpoint=path, every=10, hook=interrupt_at_step_57)
+    resumed = script.run(checkpoint=path, every=10)
+    _equal_runs(reference.get_samples(group_by_chain=True), reference.sample_stats,
+                resumed.get_samples(group_by_chain=True), resumed.sample_stats)  # fmt: skip
+
+
 def test_checkpoint_from_other_settings_is_refused(tmp_path):
     path = tmp_path / "run.ckpt"
     script.run(checkpoint=path, every=25)
