@@ -183,6 +183,16 @@ class Tracker:
 SG_KINDS = ("SGHMC", "SGLD", "SGHMC-CV")
 
 
+def timed_run(mcmc, tracker: Tracker, x, y) -> dict:
+    """Run until the tracker stops it (criterion held, or out of time) or the run ends; its result."""
+    tracker.start = time.perf_counter()
+    try:
+        mcmc.run(x, y)
+    except Reached:
+        pass
+    return tracker.result()
+
+
 def run_sg(kind: str, x, y, ref_mean, ref_sd, max_steps: int, seed: int = 0) -> dict:
     num_data = x.shape[0]
     chains, burn_in = CHAINS, BURN_IN
@@ -201,12 +211,7 @@ def run_sg(kind: str, x, y, ref_mean, ref_sd, max_steps: int, seed: int = 0) -> 
         kernel, num_samples=max_steps - burn_in, warmup_steps=burn_in, num_chains=chains,
         chain_method="vectorized", keep_last=1, seed=seed, hook_fn=tracker, disable_progbar=True,
     )  # fmt: skip
-    tracker.start = time.perf_counter()
-    try:
-        mcmc.run(x, y)
-    except Reached:
-        pass
-    out = tracker.result()
+    out = timed_run(mcmc, tracker, x, y)
     out.update(batch=batch, chains=chains, burn_in=burn_in, divergences=kernel.num_divergences)
     return out
 
@@ -215,12 +220,7 @@ def run_nuts(x, y, ref_mean, ref_sd, max_samples: int, warmup: int = 200) -> dic
     tracker = Tracker(ref_mean, ref_sd, warmup, every=1, max_steps=warmup + max_samples)
     kernel = pyro.infer.NUTS(full_model, jit_compile=True, ignore_jit_warnings=True)
     mcmc = pyro.infer.MCMC(kernel, num_samples=max_samples, warmup_steps=warmup, hook_fn=tracker, disable_progbar=True)
-    tracker.start = time.perf_counter()
-    try:
-        mcmc.run(x, y)
-    except Reached:
-        pass
-    out = tracker.result()
+    out = timed_run(mcmc, tracker, x, y)
     out["iterations"] = out["steps"]
     out["step_size"] = float(kernel.step_size)
     return out

@@ -72,6 +72,18 @@ class MinibatchSampler:
         self.positions: Dict[str, torch.Tensor] = {
             name: torch.zeros(num_chains, dtype=torch.long, device=device) for name in self.keys
         }
+        # set-up, once per computed plate: the bijection (it reads the keys, refilled in place each epoch) and
+        # the offsets of the positions a step evaluates. At most half of the span is >= N, so ~2B positions
+        # give B values; the margin (6 sd of the binomial count) makes a second try rare, the loop exact.
+        self._bijections: Dict[str, KeyedPermutation] = {}
+        self._offsets: Dict[str, torch.Tensor] = {}
+        for plate in self.plates:
+            if plate.name in self.keys:
+                bijection = KeyedPermutation(plate.size, self.keys[plate.name])
+                ratio, batch = plate.size / bijection.span, plate.subsample_size
+                width = math.ceil(batch / ratio + 6 * math.sqrt(batch * (1 - ratio)) / ratio) + 8
+                self._bijections[plate.name] = bijection
+                self._offsets[plate.name] = torch.arange(width, device=device)
         # Cursor at the end: the first call shuffles. (Computed plates count the data drawn this epoch.)
         self.cursors: Dict[str, int] = {p.name: p.size for p in self.plates}
 
@@ -94,24 +106,19 @@ class MinibatchSampler:
 
     def _next_computed(self, plate: SubsamplePlate, drawn: int) -> torch.Tensor:
         name, batch = plate.name, plate.subsample_size
-        keys, positions = self.keys[name], self.positions[name]
-        if drawn + batch > plate.size:  # a new epoch: new keys, from the start
-            keys.copy_(self.generators.integers(2**31, (NUM_ROUNDS,)))
+        positions, bijection, offsets = self.positions[name], self._bijections[name], self._offsets[name]
+        if drawn + batch > plate.size:  # a new epoch: new keys (in place: the bijection reads them), from the start
+            self.keys[name].copy_(self.generators.integers(2**31, (NUM_ROUNDS,)))
             positions.zero_()
             drawn = 0
-        permutation = KeyedPermutation(plate.size, keys)
-        # Values >= N are skipped. At most half of the span is >= N, so ~2B positions give B values; the
-        # margin (6 sd of the binomial count) makes a second try rare, and the loop makes it exact.
-        ratio = plate.size / permutation.span
-        width = math.ceil(batch / ratio + 6 * math.sqrt(batch * (1 - ratio)) / ratio) + 8
-        while True:
-            candidate = positions.unsqueeze(-1) + torch.arange(width, device=positions.device)
-            values = permutation(candidate)
-            valid = (values < plate.size) & (candidate < permutation.span)
+        while True:  # values >= N are skipped
+            candidate = positions.unsqueeze(-1) + offsets
+            values = bijection(candidate)
+            valid = (values < plate.size) & (candidate < bijection.span)
             rank = valid.cumsum(-1)
             if bool((rank[:, -1] >= batch).all()):
                 break
-            width *= 2
+            offsets = torch.arange(2 * offsets.numel(), device=offsets.device)  # rare: near the end of the span
         take = valid & (rank <= batch)
         positions += (rank < batch).sum(-1) + 1  # past the B-th value taken
         self.cursors[name] = drawn + batch
@@ -128,9 +135,9 @@ class MinibatchSampler:
     def load_state_dict(self, state: dict) -> None:
         for name in self.permutations:
             self.permutations[name] = state["permutations"][name].clone()
-        for name in self.keys:
-            self.keys[name] = state["keys"][name].clone()
-            self.positions[name] = state["positions"][name].clone()
+        for name in self.keys:  # in place: the bijections read these keys
+            self.keys[name].copy_(state["keys"][name])
+            self.positions[name].copy_(state["positions"][name])
         for name in self.cursors:
             self.cursors[name] = int(state["cursors"][name])
 
