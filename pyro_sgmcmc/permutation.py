@@ -55,12 +55,12 @@ class KeyedPermutation:
         self.high_bits = bits // 2
         self.low_bits = bits - self.high_bits
         self.keys = keys
+        self._round_keys = [keys[:, r : r + 1] for r in range(NUM_ROUNDS)]  # views: follow in-place key updates
 
     def __call__(self, positions: torch.Tensor) -> torch.Tensor:
         """:math:`\\pi_{row}(positions[row, j])` for positions ``(rows, m)`` in ``[0, span)``."""
         high, low = positions >> self.low_bits, positions & ((1 << self.low_bits) - 1)
-        for r in range(NUM_ROUNDS):
-            key = self.keys[:, r : r + 1]
+        for r, key in enumerate(self._round_keys):
             if r % 2 == 0:
                 high = high ^ self._hash(low, key, _MULTIPLIERS[r], self.high_bits)
             else:
