@@ -53,8 +53,13 @@ class ChainGenerators:
 
     def normal(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """Standard normal draws of shape ``(num_chains, *shape)``, each chain from its own stream."""
-        out = torch.empty((len(self.generators), *shape), dtype=dtype, device=self.device)
-        if len(self.generators) == 1:  # the whole (contiguous) tensor: the same draws as its one row
+        # one chain: the whole (contiguous) tensor at once, the same draws as its one row
+        return self.fill_normal(torch.empty((len(self.generators), *shape), dtype=dtype, device=self.device))
+
+    def fill_normal(self, out: torch.Tensor) -> torch.Tensor:
+        """Fill ``out`` (``(num_chains, ...)``, contiguous) in place with the draws :meth:`normal` would
+        return, each chain's row from its own stream; returns ``out``."""
+        if len(self.generators) == 1:
             return out.normal_(generator=self.generators[0])
         for row, generator in zip(out, self.generators):
             row.normal_(generator=generator)

@@ -109,11 +109,11 @@ def without_crash(call):
 def recorder(monkeypatch):
     """Record every noise draw and every minibatch the kernels ask for."""
     record = {"noise": [], "indices": []}
-    normal, next_indices = ChainGenerators.normal, MinibatchSampler.next
+    fill_normal, next_indices = ChainGenerators.fill_normal, MinibatchSampler.next
 
-    def recording_normal(self, shape, dtype):
-        out = normal(self, shape, dtype)
-        record["noise"].append(out)
+    def recording_fill_normal(self, out):  # every draw (ChainGenerators.normal fills through it too)
+        out = fill_normal(self, out)
+        record["noise"].append(out.clone())  # the kernel's noise buffer is refilled at the next step
         return out
 
     def recording_next(self):
@@ -121,7 +121,7 @@ def recorder(monkeypatch):
         record["indices"].append(out)
         return out
 
-    monkeypatch.setattr(ChainGenerators, "normal", recording_normal)
+    monkeypatch.setattr(ChainGenerators, "fill_normal", recording_fill_normal)
     monkeypatch.setattr(MinibatchSampler, "next", recording_next)
     return record
 

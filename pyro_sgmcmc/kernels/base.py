@@ -268,6 +268,7 @@ class SGMCMCKernel(MCMCKernel):
         energy, grad = self._evaluate(positions, self.minibatches.next())
         momentum, thermostat = self._init_auxiliary(positions)
         self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
+        self._noise: Optional[torch.Tensor] = None  # the step's noise buffer, made at the first noisy step
         self._setup_adaptation(warmup_steps)
         self._divergences = [[] for _ in range(num_chains)]
         self._num_warmup_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
@@ -284,16 +285,21 @@ class SGMCMCKernel(MCMCKernel):
         """Advance every chain by one step (the hot path: no set-up work here)."""
         state = self.state
         step_size = self.step_size(state.step)
-        noise = (
-            self.generators.normal(state.position.shape[1:], state.position.dtype)
-            if self.noise_temperature > 0
-            else None
-        )
-        drift = state.grad * (-self._inverse_num_data)
+        # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
+        # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
+        noise = None
+        if self.noise_temperature > 0:
+            if self._noise is None:
+                self._noise = torch.empty_like(state.position)
+            noise = self.generators.fill_normal(self._noise)
         if self._adaptation is None:
-            position, momentum, thermostat = self._transition(state, drift, step_size, noise)
+            position, momentum, thermostat = self._transition(
+                state, state.grad, step_size, noise, -self._inverse_num_data
+            )
         else:  # preconditioned: the same update in w = L^-1 z (see kernels/preconditioning.py)
-            position, momentum, thermostat = self._adaptation.transition(self, state, drift, step_size, noise)
+            position, momentum, thermostat = self._adaptation.transition(
+                self, state, state.grad, step_size, noise, -self._inverse_num_data
+            )
         energy, grad = self._evaluate(position, self.minibatches.next())
         # A sum is finite only if every term is: one reduction (no temporary) and one read settle the usual
         # case. A sum that overflows, or a non-finite term, takes the exact check.
@@ -496,7 +502,16 @@ class SGMCMCKernel(MCMCKernel):
         # The stationary momentum of the tempered dynamics: N(0, mass * T / N), from each chain's stream.
         return self.generators.normal(position.shape[1:], position.dtype) * math.sqrt(mass * self.noise_temperature)
 
-    def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise: Optional[torch.Tensor]):
+    def _transition(
+        self,
+        state: SGMCMCState,
+        drift: torch.Tensor,
+        step_size: float,
+        noise: Optional[torch.Tensor],
+        drift_scale: float = 1.0,
+    ):
+        """New ``(position, momentum, thermostat)`` from ``state`` with normalised drift
+        ``drift_scale * drift`` (see :mod:`~pyro_sgmcmc.kernels.diffusions`)."""
         raise NotImplementedError
 
     def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:

@@ -10,7 +10,9 @@ whose stationary distribution is :math:`\\pi(z)^{1/T}`. ``drift`` below is alway
 *normalised* drift :math:`N^{-1} \\nabla \\log \\pi` (minus the gradient of the potential,
 divided by N), ``step_size`` is :math:`\\epsilon` and ``noise_temperature`` is
 :math:`\\mathcal{T} = T / N`. ``noise`` is a standard normal draw of the position's shape,
-or ``None`` when :math:`\\mathcal{T} = 0` (no noise is drawn at all).
+or ``None`` when :math:`\\mathcal{T} = 0` (no noise is drawn at all). ``drift_scale`` multiplies
+``drift``: a kernel passes the potential's gradient with ``drift_scale = -1/N``, which folds the
+normalisation into the update's one pass instead of making a scaled copy of the gradient first.
 
 The functions act elementwise on tensors of any shape ``(..., dim)``; the last axis is the
 parameter axis (used only by the SGNHT thermostat), the leading axes are chains. They never
@@ -33,6 +35,7 @@ def langevin_step(
     step_size: float,
     noise_temperature: float,
     noise: Optional[torch.Tensor],
+    drift_scale: float = 1.0,
 ) -> torch.Tensor:
     """One SGLD step (overdamped Langevin, :math:`D = I`, :math:`Q = 0`).
 
@@ -42,7 +45,7 @@ def langevin_step(
     :math:`\\epsilon`.
     """
     # fused: each line is one pass over the new tensor (the inputs are never modified)
-    new_position = _add_scaled(position, drift, step_size)
+    new_position = _add_scaled(position, drift, step_size * drift_scale)
     if noise is not None:
         _add_scaled_(new_position, noise, math.sqrt(2.0 * step_size * noise_temperature))
     return new_position
@@ -57,6 +60,7 @@ def underdamped_step(
     friction: float,
     mass: float,
     noise: Optional[torch.Tensor],
+    drift_scale: float = 1.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One SGHMC step (underdamped Langevin), momentum first, then position with the new momentum.
 
@@ -71,7 +75,7 @@ def underdamped_step(
     :math:`N^{-1} U` step for step, with PyTorch's momentum buffer equal to :math:`-m`.
     """
     # fused: each line is one pass over the new tensor (the inputs are never modified)
-    new_momentum = _add_scaled_(momentum.mul(1.0 - step_size * friction / mass), drift, step_size)
+    new_momentum = _add_scaled_(momentum.mul(1.0 - step_size * friction / mass), drift, step_size * drift_scale)
     if noise is not None:
         _add_scaled_(new_momentum, noise, math.sqrt(2.0 * step_size * noise_temperature * friction))
     new_position = _add_scaled(position, new_momentum, step_size / mass)
@@ -88,6 +92,7 @@ def nose_hoover_step(
     diffusion: float,
     mass: float,
     noise: Optional[torch.Tensor],
+    drift_scale: float = 1.0,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One SGNHT step (stochastic-gradient Nose-Hoover thermostat, Ding et al. 2014).
 
@@ -102,7 +107,7 @@ def nose_hoover_step(
     absorbing unknown gradient noise. :math:`\\alpha` (``diffusion``) sets the injected noise.
     """
     xi = thermostat.unsqueeze(-1)
-    new_momentum = momentum - (step_size / mass) * xi * momentum + step_size * drift
+    new_momentum = momentum - (step_size / mass) * xi * momentum + (step_size * drift_scale) * drift
     if noise is not None:
         new_momentum = new_momentum + math.sqrt(2.0 * step_size * noise_temperature * diffusion) * noise
     new_position = position + (step_size / mass) * new_momentum

@@ -200,15 +200,16 @@ class MassMatrixAdaptation:
         self.num_extra_evaluations = saved["num_extra_evaluations"]
 
     # ------------------------------------------------------------------ hot path
-    def transition(self, kernel, state, drift: torch.Tensor, step_size: float, noise):
-        """The kernel's update in :math:`w` coordinates, mapped back to :math:`z`."""
+    def transition(self, kernel, state, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0):
+        """The kernel's update in :math:`w` coordinates, mapped back to :math:`z` (the drift is
+        ``drift_scale * drift``, as in :mod:`~pyro_sgmcmc.kernels.diffusions`)."""
         factor = self.factor
         if self.full_mass:
             drift_w = torch.einsum("cji,cj->ci", factor, drift)
         else:
             drift_w = drift * factor
         w_state = state._replace(position=torch.zeros_like(state.position))
-        displacement, momentum, thermostat = kernel._transition(w_state, drift_w, step_size, noise)
+        displacement, momentum, thermostat = kernel._transition(w_state, drift_w, step_size, noise, drift_scale)
         if self.full_mass:
             displacement = torch.einsum("cij,cj->ci", factor, displacement)
         else:

@@ -105,9 +105,17 @@ class SGHMC(SGMCMCKernel):
     def _init_auxiliary(self, position: torch.Tensor):
         return self._initial_momentum(position, self.initial_momentum, self.mass), None
 
-    def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise):
+    def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0):
         position, momentum = underdamped_step(
-            state.position, state.momentum, drift, step_size, self.noise_temperature, self.friction, self.mass, noise
+            state.position,
+            state.momentum,
+            drift,
+            step_size,
+            self.noise_temperature,
+            self.friction,
+            self.mass,
+            noise,
+            drift_scale,
         )
         return position, momentum, None
 

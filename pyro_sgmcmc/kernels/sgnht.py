@@ -116,7 +116,7 @@ class SGNHT(SGMCMCKernel):
         )
         return momentum, thermostat
 
-    def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise):
+    def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0):
         return nose_hoover_step(
             state.position,
             state.momentum,
@@ -127,6 +127,7 @@ class SGNHT(SGMCMCKernel):
             self.diffusion,
             self.mass,
             noise,
+            drift_scale,
         )
 
     def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:
