@@ -38,7 +38,9 @@ one (symplectic Euler, PyTorch's SGD order), which costs the same. The script ch
 Timing: every contender advances in blocks of steps, the blocks of the contenders interleaved (the order
 rotates), repeated; a block's cost is its CPU time (and wall time) per step; the table gives the median
 over blocks and the median of the per-round ratios to the hand loop (paired). One torch thread. The
-load average is recorded with each configuration.
+load average is recorded with each configuration, and so are the minor page faults per step (memory
+the allocator had to map afresh: glibc hands large freed blocks back to the system, and a step that
+then touches new pages pays for each one).
 
 Run::
 
@@ -57,6 +59,7 @@ import json
 import math
 import os
 import platform
+import resource
 import statistics
 import time
 import warnings
@@ -385,11 +388,13 @@ def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
+            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             stamps = contenders[name]()
             n = len(stamps) - 1
             wall = (stamps[-1][0] - stamps[0][0]) / n
             cpu = (stamps[-1][1] - stamps[0][1]) / n
-            per_round[name].append((1e3 * wall, 1e3 * cpu))
+            faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / n
+            per_round[name].append((1e3 * wall, 1e3 * cpu, faults))
     result = {
         "hidden": hidden,
         "weights": dim(hidden),
@@ -402,14 +407,17 @@ def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0
         "contenders": {},
     }
     for name in names:
-        wall = [w for w, _ in per_round[name]]
-        cpu = [c for _, c in per_round[name]]
+        wall = [w for w, _, _ in per_round[name]]
+        cpu = [c for _, c, _ in per_round[name]]
         result["contenders"][name] = {
             "wall_ms": statistics.median(wall),
             "cpu_ms": statistics.median(cpu),
             "cpu_ratio_to_hand": statistics.median(c / h[1] for c, h in zip(cpu, per_round["hand"])),
             "wall_ratio_to_hand": statistics.median(w / h[0] for w, h in zip(wall, per_round["hand"])),
             "cpu_ratio_to_posteriors": statistics.median(c / p[1] for c, p in zip(cpu, per_round["posteriors"])),
+            # minor page faults per step: fresh pages the allocator had to map (a block of MCMC also counts
+            # its run's set-up); a large, varying count is the allocator returning memory to the system
+            "page_faults_per_step": statistics.median(f for _, _, f in per_round[name]),
         }
         if "hand+draws" in per_round:
             result["contenders"][name]["cpu_ratio_to_hand_draws"] = statistics.median(
@@ -497,7 +505,7 @@ def main(argv=None):
             print(
                 f"  {name:<11} {c['cpu_ms']:9.3f} ms CPU ({c['cpu_ratio_to_hand']:.2f}x hand, paired) "
                 f"{c['wall_ms']:9.3f} ms wall ({c['wall_ratio_to_hand']:.2f}x)  "
-                f"{c['cpu_ratio_to_posteriors']:.2f}x posteriors"
+                f"{c['cpu_ratio_to_posteriors']:.2f}x posteriors  {c['page_faults_per_step']:8.0f} faults/step"
             )
     if not args.tiny:
         args.out.parent.mkdir(parents=True, exist_ok=True)

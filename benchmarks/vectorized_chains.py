@@ -478,13 +478,13 @@ def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat:
         "prior, plain: -0.5 z.z, vmap(grad)": lambda: plain_prior_grad(pos),
         "likelihood, Pyro way: Categorical(logits).log_prob, fwd+bwd": categorical_grad,
         "likelihood, plain: gather - logsumexp, fwd+bwd": gather_lse_grad,
-        "ours: noise (ChainGenerators.normal, 256 generators)": lambda: kernel.generators.normal(
-            pos.shape[1:], pos.dtype
+        "ours: noise (ChainGenerators.fill_normal into the kernel's buffer, 256 generators)": lambda: (
+            kernel.generators.fill_normal(noise)
         ),
         "hand: noise (256 generators)": hand.noise,
         "one global torch.randn of the same size (reference)": lambda: torch.randn(pos.shape),
-        "ours: SGHMC update (underdamped_step + drift)": lambda: kernel._transition(
-            state, grad * (-1.0 / kernel.potential.num_data), STEP_SIZE, noise
+        "ours: SGHMC update (underdamped_step, drift -grad/N scaled in its pass)": lambda: kernel._transition(
+            state, grad, STEP_SIZE, noise, -1.0 / kernel.potential.num_data
         ),
         "in-place fused SGHMC update (reference)": fused_update,
         "ours: finite check isfinite(U) & isfinite(grad).all(-1)": lambda: torch.isfinite(state.potential)
@@ -545,7 +545,7 @@ def profile_python(x, y, init: torch.Tensor, seed: int, num_steps: int) -> dict:
     # Cumulative time (operators included) of the functions the question is about.
     wanted = {
         ("base.py", "step"): "SGMCMCKernel.step (everything)",
-        ("random.py", "normal"): "ChainGenerators.normal (per-chain noise loop)",
+        ("random.py", "fill_normal"): "ChainGenerators.fill_normal (per-chain noise loop)",
         ("minibatch.py", "next"): "MinibatchSampler.next (indices + epoch permutations)",
         ("diffusions.py", "underdamped_step"): "underdamped_step (SGHMC update)",
         ("potential.py", "batched_potential_and_grad"): "batched_potential_and_grad (model, vmap, autograd)",
