@@ -5,6 +5,7 @@ inside :class:`pyro.infer.MCMC` on models with subsampled plates, and :class:`MC
 :class:`pyro.infer.MCMC` that also runs many chains vectorised.
 """
 
+from .allocation import retain_freed_cpu_memory
 from .diagnostics import nested_rhat, nested_rhat_threshold
 from .inference_data import to_inference_data
 from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, SGMCMCKernel, SGMCMCState
@@ -34,4 +35,5 @@ __all__ = [
     "make_schedule",
     "decompose_uncertainty",
     "UncertaintyDecomposition",
+    "retain_freed_cpu_memory",
 ]
