@@ -47,6 +47,8 @@ Run::
     python benchmarks/peers.py                    # about 10 minutes on a quiet 2-core machine
     python benchmarks/peers.py --tiny             # seconds: smoke test
     python benchmarks/peers.py --configs small-1 small-256
+    python benchmarks/peers.py --retain-memory --out benchmarks/results/peers_retained.json \
+        --rst docs/benchmarks_peers_retained_table.inc   # glibc keeps freed memory (all contenders)
 
 Writes ``benchmarks/results/peers.json`` and the reStructuredText table ``docs/benchmarks_peers_table.inc``
 (included by ``docs/benchmarks.rst``).
@@ -434,12 +436,13 @@ CONFIGS = {
 }
 
 
-def rst_table(results: dict) -> str:
+def rst_table(results: dict, retained: bool = False) -> str:
     names = ["MCMC", "MCMC keep_last", "MCMC jit", "kernel", "hand", "hand+draws", "posteriors"]
+    memory = ", freed CPU memory retained (retain_freed_cpu_memory)" if retained else ""
     lines = (
         [
             ".. list-table:: ms per step (all chains), CPU time, median over interleaved blocks;"
-            " in brackets the paired ratio to the hand loop",
+            f" in brackets the paired ratio to the hand loop{memory}",
             "   :header-rows: 1",
             "",
             "   * - MLP (weights)",
@@ -464,10 +467,18 @@ def main(argv=None):
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--tiny", action="store_true", help="a few steps of the small configs (smoke test)")
     parser.add_argument("--merge", action="store_true", help="keep the results of the configurations not re-run")
+    parser.add_argument(
+        "--retain-memory",
+        action="store_true",
+        help="call pyro_sgmcmc.retain_freed_cpu_memory() first (process-wide: every contender gets it)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers.json")
     parser.add_argument("--rst", type=Path, default=ROOT / "docs" / "benchmarks_peers_table.inc")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    retained = pyro_sgmcmc.retain_freed_cpu_memory() if args.retain_memory else False
+    if args.retain_memory and not retained:
+        raise SystemExit("--retain-memory: not a glibc process, nothing to retain")
     import posteriors
 
     results = {
@@ -479,6 +490,7 @@ def main(argv=None):
             "pyro_sgmcmc": pyro_sgmcmc.__version__,
             "cpus": os.cpu_count(),
             "threads": torch.get_num_threads(),
+            "retain_freed_cpu_memory": retained,
         },
         "same_maths": {},
         "configs": {},
@@ -510,7 +522,7 @@ def main(argv=None):
     if not args.tiny:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1))
-        args.rst.write_text(rst_table(results))
+        args.rst.write_text(rst_table(results, retained))
         print(f"\nwritten: {args.out}, {args.rst}")
     return results
 

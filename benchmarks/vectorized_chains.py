@@ -84,7 +84,7 @@ import pyro.distributions as dist
 import pyro.infer
 import torch
 
-from pyro_sgmcmc import MCMC, SGHMC
+from pyro_sgmcmc import MCMC, SGHMC, retain_freed_cpu_memory
 from pyro_sgmcmc.kernels.diffusions import underdamped_step
 from pyro_sgmcmc.random import chain_seed
 
@@ -764,18 +764,24 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--no-prototypes", dest="prototypes", action="store_false")
     parser.add_argument("--tiny", action="store_true", help="a few chains and steps: smoke test only")
+    parser.add_argument(
+        "--retain-memory",
+        action="store_true",
+        help="call pyro_sgmcmc.retain_freed_cpu_memory() first (process-wide: every contender gets it)",
+    )
     default_out = Path(__file__).resolve().parent / "results" / "vectorized_chains.json"
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args(argv)
     if args.tiny:
         args.chains, args.steps, args.repeats, args.serial_chains, args.serial_steps = 8, 12, 1, 2, 10
 
+    retained = retain_freed_cpu_memory() if args.retain_memory else False
     x, y = load_data()
     _, dim = layout(x.shape[1])
     init = initial_positions(args.chains, dim, args.seed)
     started = time.perf_counter()
     result = {
-        "machine": machine_info(),
+        "machine": {**machine_info(), "retain_freed_cpu_memory": retained},
         "load_average_at_start": load_average(),
         "config": {
             "data": f"sklearn load_digits, N={x.shape[0]}, {x.shape[1]} inputs, 10 classes",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from collections import OrderedDict
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
@@ -48,6 +49,46 @@ __all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError"]
 
 class DivergenceError(RuntimeError):
     """Raised with ``on_divergence="raise"`` when a step gives a non-finite potential or gradient."""
+
+
+# torch's count of references to a storage (tensors, views, storage objects); private, so optional
+_STORAGE_USE_COUNT: Optional[Callable[[int], int]] = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class _Spare:
+    """A state tensor of the previous step, held so that its memory can take the next step's values.
+
+    Holds a weak reference to the tensor and a reference to its storage. :meth:`take` gives the memory
+    back as a tensor of the same shape only if the tensor is gone (no one keeps it, nor a view of it:
+    a view refers to its base) and the storage has no other user than this object; otherwise ``None``,
+    and the step allocates as usual. So nothing anyone can still read is ever written.
+    """
+
+    __slots__ = ("ref", "storage", "shape", "dtype", "device")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.ref = weakref.ref(tensor)
+        self.storage = tensor.untyped_storage()
+        self.shape, self.dtype, self.device = tensor.shape, tensor.dtype, tensor.device
+
+    @classmethod
+    def of(cls, tensor: Optional[torch.Tensor]) -> "Optional[_Spare]":
+        """A spare for a plain tensor that owns its whole storage (not a view, contiguous, no autograd)."""
+        if (
+            tensor is None
+            or tensor._base is not None
+            or tensor.requires_grad
+            or not tensor.is_contiguous()
+            or tensor.storage_offset() != 0
+            or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
+        ):
+            return None
+        return cls(tensor)
+
+    def take(self) -> Optional[torch.Tensor]:
+        if self.ref() is not None or _STORAGE_USE_COUNT(self.storage._cdata) != 1:
+            return None
+        return torch.empty(0, dtype=self.dtype, device=self.device).set_(self.storage, 0, self.shape)
 
 
 class SGMCMCState(NamedTuple):
@@ -90,6 +131,9 @@ class SGMCMCKernel(MCMCKernel):
     #: jit_compile=...)``:
     #: a hook (:func:`pyro_sgmcmc.distributed.data_parallel` puts an all-reduced potential here).
     potential_factory: Callable = ModelPotential
+    #: Chains whose positions take at least this many bytes reuse the memory of the state of two steps
+    #: back for the new position and momentum, once nothing else refers to it (see :meth:`step`).
+    RECYCLE_MIN_BYTES: int = 2**20
 
     def __init__(
         self,
@@ -269,6 +313,11 @@ class SGMCMCKernel(MCMCKernel):
         momentum, thermostat = self._init_auxiliary(positions)
         self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
         self._noise: Optional[torch.Tensor] = None  # the step's noise buffer, made at the first noisy step
+        # large chains reuse the memory of the state of two steps back once no one refers to it (see step)
+        self._recycle = _STORAGE_USE_COUNT is not None and (
+            positions.numel() * positions.element_size() >= self.RECYCLE_MIN_BYTES
+        )
+        self._spares: Optional[tuple] = None
         self._setup_adaptation(warmup_steps)
         self._divergences = [[] for _ in range(num_chains)]
         self._num_warmup_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
@@ -282,8 +331,15 @@ class SGMCMCKernel(MCMCKernel):
         self._last_step_size = self.step_size(0)
 
     def step(self) -> SGMCMCState:
-        """Advance every chain by one step (the hot path: no set-up work here)."""
-        state = self.state
+        """Advance every chain by one step (the hot path: no set-up work here).
+
+        The new state is made of new tensors, except that for large chains (positions of at least
+        :attr:`RECYCLE_MIN_BYTES`) the position and momentum are written into the memory of those of two
+        steps back *when nothing outside the kernel refers to them any more* (no tensor, view or state
+        kept by anyone: see ``_Spare``). A state, tensor or view you keep is never overwritten.
+        Large tensors freed and allocated again at every step cost a page fault per 4 KiB page.
+        """
+        state = previous = self.state
         step_size = self.step_size(state.step)
         # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
         # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
@@ -293,8 +349,9 @@ class SGMCMCKernel(MCMCKernel):
                 self._noise = torch.empty_like(state.position)
             noise = self.generators.fill_normal(self._noise)
         if self._adaptation is None:
+            out = self._take_spares() if self._spares is not None else None
             position, momentum, thermostat = self._transition(
-                state, state.grad, step_size, noise, -self._inverse_num_data
+                state, state.grad, step_size, noise, -self._inverse_num_data, out
             )
         else:  # preconditioned: the same update in w = L^-1 z (see kernels/preconditioning.py)
             position, momentum, thermostat = self._adaptation.transition(
@@ -316,9 +373,19 @@ class SGMCMCKernel(MCMCKernel):
             state = self._reject_divergent(state, finite, position, momentum, thermostat, energy, grad)
         self.state = state
         self._last_step_size = step_size
+        if self._recycle:
+            self._spares = (_Spare.of(previous.position), _Spare.of(previous.momentum))
         if self._adapting and state.step <= self._warmup_steps:
             self._adapt(state)
         return state
+
+    def _take_spares(self) -> Optional[tuple]:
+        """``(position buffer, momentum buffer)`` from two steps back, each ``None`` unless no one else
+        refers to it; ``None`` if neither is free."""
+        position, momentum = self._spares
+        self._spares = None
+        buffers = (position.take() if position is not None else None, momentum.take() if momentum is not None else None)
+        return None if buffers == (None, None) else buffers
 
     def state_dict(self) -> dict:
         """Everything needed to continue these chains exactly: state, random streams, minibatch
@@ -350,6 +417,7 @@ class SGMCMCKernel(MCMCKernel):
                 f"{tuple(self.state.position.shape)}"
             )
         self.state = SGMCMCState(**fields)
+        self._spares = None
         self.generators = ChainGenerators(saved["seed"], saved["chain_ids"], device)
         self.generators.set_state(saved["generators"])
         self.minibatches = MinibatchSampler(self.potential.subsample_plates, self.generators)

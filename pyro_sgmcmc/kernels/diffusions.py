@@ -12,7 +12,10 @@ divided by N), ``step_size`` is :math:`\\epsilon` and ``noise_temperature`` is
 :math:`\\mathcal{T} = T / N`. ``noise`` is a standard normal draw of the position's shape,
 or ``None`` when :math:`\\mathcal{T} = 0` (no noise is drawn at all). ``drift_scale`` multiplies
 ``drift``: a kernel passes the potential's gradient with ``drift_scale = -1/N``, which folds the
-normalisation into the update's one pass instead of making a scaled copy of the gradient first.
+normalisation into the update's one pass instead of making a scaled copy of the gradient first. ``out``
+(SGLD: the new position's buffer; SGHMC: the new position's and momentum's) receives the result instead
+of new tensors: a kernel passes buffers of its own that nothing else refers to (see
+:meth:`~pyro_sgmcmc.kernels.base.SGMCMCKernel.step`).
 
 The functions act elementwise on tensors of any shape ``(..., dim)``; the last axis is the
 parameter axis (used only by the SGNHT thermostat), the leading axes are chains. They never
@@ -36,6 +39,7 @@ def langevin_step(
     noise_temperature: float,
     noise: Optional[torch.Tensor],
     drift_scale: float = 1.0,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """One SGLD step (overdamped Langevin, :math:`D = I`, :math:`Q = 0`).
 
@@ -45,7 +49,7 @@ def langevin_step(
     :math:`\\epsilon`.
     """
     # fused: each line is one pass over the new tensor (the inputs are never modified)
-    new_position = _add_scaled(position, drift, step_size * drift_scale)
+    new_position = _add_scaled(position, drift, step_size * drift_scale, out)
     if noise is not None:
         _add_scaled_(new_position, noise, math.sqrt(2.0 * step_size * noise_temperature))
     return new_position
@@ -61,6 +65,7 @@ def underdamped_step(
     mass: float,
     noise: Optional[torch.Tensor],
     drift_scale: float = 1.0,
+    out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """One SGHMC step (underdamped Langevin), momentum first, then position with the new momentum.
 
@@ -75,10 +80,13 @@ def underdamped_step(
     :math:`N^{-1} U` step for step, with PyTorch's momentum buffer equal to :math:`-m`.
     """
     # fused: each line is one pass over the new tensor (the inputs are never modified)
-    new_momentum = _add_scaled_(momentum.mul(1.0 - step_size * friction / mass), drift, step_size * drift_scale)
+    out_position, out_momentum = (None, None) if out is None else out
+    decay = 1.0 - step_size * friction / mass
+    new_momentum = momentum.mul(decay) if out_momentum is None else torch.mul(momentum, decay, out=out_momentum)
+    _add_scaled_(new_momentum, drift, step_size * drift_scale)
     if noise is not None:
         _add_scaled_(new_momentum, noise, math.sqrt(2.0 * step_size * noise_temperature * friction))
-    new_position = _add_scaled(position, new_momentum, step_size / mass)
+    new_position = _add_scaled(position, new_momentum, step_size / mass, out_position)
     return new_position, new_momentum
 
 
@@ -117,12 +125,16 @@ def nose_hoover_step(
     return new_position, new_momentum, new_thermostat
 
 
-def _add_scaled(base: torch.Tensor, other: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``base + alpha * other`` as a new tensor, in one pass (an ``alpha`` beyond the dtype's range,
-    which ``torch.add`` refuses, takes the two-pass form and overflows to inf as plain arithmetic does)."""
+def _add_scaled(
+    base: torch.Tensor, other: torch.Tensor, alpha: float, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``base + alpha * other`` as a new tensor (or written into ``out``, a tensor no one else holds), in
+    one pass (an ``alpha`` beyond the dtype's range, which ``torch.add`` refuses, takes the two-pass form
+    and overflows to inf as plain arithmetic does)."""
     if math.isfinite(alpha) and abs(alpha) > torch.finfo(base.dtype).max:
-        return base + alpha * other
-    return torch.add(base, other, alpha=alpha)
+        result = base + alpha * other
+        return result if out is None else out.copy_(result)
+    return torch.add(base, other, alpha=alpha) if out is None else torch.add(base, other, alpha=alpha, out=out)
 
 
 def _add_scaled_(out: torch.Tensor, other: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -105,7 +105,9 @@ class SGHMC(SGMCMCKernel):
     def _init_auxiliary(self, position: torch.Tensor):
         return self._initial_momentum(position, self.initial_momentum, self.mass), None
 
-    def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0):
+    def _transition(
+        self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0, out=None
+    ):
         position, momentum = underdamped_step(
             state.position,
             state.momentum,
@@ -116,6 +118,7 @@ class SGHMC(SGMCMCKernel):
             self.mass,
             noise,
             drift_scale,
+            out,
         )
         return position, momentum, None
 

@@ -132,5 +132,11 @@ class SGLD(SGMCMCKernel):
             jit_compile=jit_compile,
         )
 
-    def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0):
-        return langevin_step(state.position, drift, step_size, self.noise_temperature, noise, drift_scale), None, None
+    def _transition(
+        self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0, out=None
+    ):
+        position_out = None if out is None else out[0]
+        position = langevin_step(
+            state.position, drift, step_size, self.noise_temperature, noise, drift_scale, position_out
+        )
+        return position, None, None

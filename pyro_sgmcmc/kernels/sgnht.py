@@ -116,7 +116,9 @@ class SGNHT(SGMCMCKernel):
         )
         return momentum, thermostat
 
-    def _transition(self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0):
+    def _transition(
+        self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0, out=None
+    ):  # no buffers (out): the thermostat's update is not written in place
         return nose_hoover_step(
             state.position,
             state.momentum,
