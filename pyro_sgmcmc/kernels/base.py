@@ -577,9 +577,12 @@ class SGMCMCKernel(MCMCKernel):
         step_size: float,
         noise: Optional[torch.Tensor],
         drift_scale: float = 1.0,
+        out: Optional[tuple] = None,
     ):
         """New ``(position, momentum, thermostat)`` from ``state`` with normalised drift
-        ``drift_scale * drift`` (see :mod:`~pyro_sgmcmc.kernels.diffusions`)."""
+        ``drift_scale * drift`` (see :mod:`~pyro_sgmcmc.kernels.diffusions`). ``out``, when given, is
+        ``(position buffer, momentum buffer)`` (either may be ``None``): memory no one else refers to,
+        which the update may write its results into instead of allocating."""
         raise NotImplementedError
 
     def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:
