@@ -166,9 +166,53 @@ def data_parallel_job():
     return out
 
 
+class _Interrupted(Exception):
+    pass
+
+
+def checkpoint_job(out: str):
+    """Chains across ranks, stopped by an exception at step 37 of 50 (both ranks) and run again with the
+    same ``checkpoint_path``: the second run resumes each rank from its own file (``.rank<r>``, last
+    written after step 30) and must give exactly the draws of an uninterrupted run."""
+    x, y = small_data()
+    path = Path(out) / "chains.ckpt"
+
+    def run(hook=None, checkpoint=True):
+        pyro.set_rng_seed(1)
+        mcmc = DistributedMCMC(
+            SGHMC(small_model, step_size=0.05), num_samples=20, warmup_steps=30, num_chains=6, num_superchains=3,
+            seed=3, disable_progbar=True, hook_fn=hook,
+            **({"checkpoint_path": path, "checkpoint_every": 10} if checkpoint else {}),
+        )  # fmt: skip
+        mcmc.run(x, y)
+        return mcmc
+
+    def stop(kernel, values, stage, step):
+        if step == 37:
+            raise _Interrupted
+
+    try:
+        run(hook=stop)
+        interrupted = False
+    except _Interrupted:
+        interrupted = True
+    rank = torch.distributed.get_rank()
+    saved = torch.load(f"{path}.rank{rank}", weights_only=False)
+    steps_run = []  # the resumed run must start at the checkpoint, not at step 0 (which gives the same draws)
+    resumed = run(hook=lambda kernel, values, stage, step: steps_run.append(step)).get_samples(group_by_chain=True)
+    reference = run(checkpoint=False).get_samples(group_by_chain=True)
+    return {
+        "interrupted": interrupted,
+        "steps_in_checkpoint": saved["steps_done"],
+        "steps_resumed": steps_run,
+        "equal": {name: torch.equal(resumed[name], reference[name]) for name in reference},
+        "shape": {name: tuple(reference[name].shape) for name in reference},
+    }
+
+
 def all_jobs(out: str):
-    """The two jobs (results saved per rank), then the failure scenario, which ends the launch."""
-    results = {"chains": chains_job(), "data_parallel": data_parallel_job()}
+    """The jobs (results saved per rank), then the failure scenario, which ends the launch."""
+    results = {"chains": chains_job(), "data_parallel": data_parallel_job(), "checkpoint": checkpoint_job(out)}
     torch.save(results, Path(out) / f"rank{torch.distributed.get_rank()}.pt")
     failing_job()
 
@@ -236,6 +280,16 @@ def test_chains_across_ranks_equal_one_process_run(launched):
     idata = rank0["idata"]
     assert idata["chain"] == list(range(6)) and idata["superchain"] == [0, 0, 1, 1, 2, 2]
     np.testing.assert_array_equal(idata["w"], expected["w"].numpy())
+
+
+def test_chains_across_ranks_resume_from_their_checkpoints_exactly(launched):
+    for rank, result in enumerate(launched):
+        outcome = result["checkpoint"]
+        assert outcome["interrupted"] and outcome["steps_in_checkpoint"] == 30, (rank, outcome)
+        assert outcome["steps_resumed"] == list(range(30, 50)), (rank, outcome)
+        # rank 0 holds the gathered draws of all 6 chains, rank 1 its own 3
+        assert outcome["shape"]["w"] == ((6 if rank == 0 else 3), 20, 2), (rank, outcome)
+        assert all(outcome["equal"].values()), (rank, outcome)
 
 
 # ---------------------------------------------------------------------- data-parallel gradients
