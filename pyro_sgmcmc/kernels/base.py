@@ -2,7 +2,9 @@
 
 A concrete kernel (SGLD, SGHMC, SGNHT) only says how to start its auxiliary state
 (:meth:`SGMCMCKernel._init_auxiliary`) and how to take one step given the normalised drift
-(:meth:`SGMCMCKernel._transition`, a call into :mod:`pyro_sgmcmc.kernels.diffusions`).
+(:meth:`SGMCMCKernel._transition`, a call into :mod:`pyro_sgmcmc.kernels.diffusions`; the step passes
+the potential's gradient with ``drift_scale = -1/N``, and for large chains ``out`` buffers the update
+may write into).
 Everything else lives here: model set-up, per-chain random streams and minibatches, temperature,
 step-size schedule, divergence handling, statistics, and the Pyro ``MCMC`` protocol.
 
