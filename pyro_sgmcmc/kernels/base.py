@@ -134,8 +134,10 @@ class SGMCMCKernel(MCMCKernel):
     #: a hook (:func:`pyro_sgmcmc.distributed.data_parallel` puts an all-reduced potential here).
     potential_factory: Callable = ModelPotential
     #: Chains whose positions take at least this many bytes reuse the memory of the state of two steps
-    #: back for the new position and momentum, once nothing else refers to it (see :meth:`step`).
-    RECYCLE_MIN_BYTES: int = 2**20
+    #: back for the new position and momentum, once nothing else refers to it (see :meth:`step`). Below
+    #: it the allocator's own reuse is as cheap as the check (a few microseconds per step); from 256 KiB
+    #: on, glibc serves blocks from fresh pages often enough for the reuse to pay.
+    RECYCLE_MIN_BYTES: int = 2**18
 
     def __init__(
         self,
