@@ -431,7 +431,7 @@ def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0
 CONFIGS = {
     "small-1": ("small", 1, 200, 9),
     "small-256": ("small", 256, 10, 7),
-    "large-1": ("large", 1, 20, 7),
+    "large-1": ("large", 1, 100, 5),  # 100 steps: each MCMC block is a new run (its first steps fault memory in)
     "large-256": ("large", 256, 2, 3),
 }
 
