@@ -79,3 +79,38 @@ def test_pyro_mcmc_draws_are_the_kernel_trajectory():
     batched.run(y)
     lp = batched.kernel.logging()["lp"]
     assert float(lp) == float(f"{-float(batched.kernel.state.potential.mean()):.4g}")
+
+
+def test_diffusions_scale_the_drift_in_their_pass_and_fill_given_buffers():
+    """``drift_scale * drift`` is the normalised drift (to round-off: one rounding instead of two), and
+    ``out`` buffers receive exactly the values new tensors would hold."""
+    from pyro_sgmcmc.kernels.diffusions import langevin_step, nose_hoover_step, underdamped_step
+
+    g = torch.Generator().manual_seed(0)
+    z, m, grad, noise = (torch.randn(3, 50, generator=g, dtype=torch.float64) for _ in range(4))
+    xi = torch.rand(3, generator=g, dtype=torch.float64)
+    scale = -1.0 / 977
+    fused = underdamped_step(z, m, grad, 0.1, 0.01, 0.5, 2.0, noise, scale)
+    plain = underdamped_step(z, m, grad * scale, 0.1, 0.01, 0.5, 2.0, noise)
+    for a, b in zip(fused, plain):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=0.0)
+    torch.testing.assert_close(
+        langevin_step(z, grad, 0.1, 0.01, noise, scale),
+        langevin_step(z, grad * scale, 0.1, 0.01, noise),
+        rtol=1e-14,
+        atol=0,
+    )
+    for a, b in zip(
+        nose_hoover_step(z, m, xi, grad, 0.1, 0.01, 0.5, 2.0, noise, scale),
+        nose_hoover_step(z, m, xi, grad * scale, 0.1, 0.01, 0.5, 2.0, noise),
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-17)
+    buffers = (torch.full_like(z, float("nan")), torch.full_like(m, float("nan")))
+    into = underdamped_step(z, m, grad, 0.1, 0.01, 0.5, 2.0, noise, scale, out=buffers)
+    assert into[0] is buffers[0] and into[1] is buffers[1]
+    assert torch.equal(into[0], fused[0]) and torch.equal(into[1], fused[1])
+    position_buffer = torch.full_like(z, float("nan"))
+    assert torch.equal(
+        langevin_step(z, grad, 0.1, 0.01, noise, scale, out=position_buffer),
+        langevin_step(z, grad, 0.1, 0.01, noise, scale),
+    )
