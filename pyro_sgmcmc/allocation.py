@@ -76,8 +76,11 @@ def retain_freed_cpu_memory(max_block_bytes: int = _INT_MAX) -> bool:
 
     Examples
     --------
+    Once, before the run (not run as a doctest: it would change the test process's allocator; the
+    tests call it in a child process):
+
     >>> import pyro_sgmcmc
-    >>> applied = pyro_sgmcmc.retain_freed_cpu_memory()  # once, before the run
+    >>> applied = pyro_sgmcmc.retain_freed_cpu_memory()  # doctest: +SKIP
     """
     if isinstance(max_block_bytes, bool) or not isinstance(max_block_bytes, int):
         raise TypeError(f"max_block_bytes must be an int (a number of bytes); got {max_block_bytes!r}")

@@ -527,12 +527,10 @@ class _FastNormalPriors(Messenger):
         if cached is not None and cached[0] is fn:
             msg["fn"] = cached[1]
             return
-        base, event_dims = fn, 0
-        while isinstance(base, torch.distributions.Independent):
-            event_dims += base.reinterpreted_batch_ndims
-            base = base.base_dist
-        if type(base) not in _NORMALS:
+        normal = _normal_base(fn)
+        if normal is None:
             return
+        base, event_dims = normal
         # a prior built anew at every call from the same constants (dist.Normal(0., 1.).expand(...))
         # reuses the stand-in made for equal constants: no tensor work at all
         key = _broadcast_constant_key(base.loc), _broadcast_constant_key(base.scale)
@@ -774,17 +772,15 @@ class _StandardPriors:
         if last is not None and last[0] is fn:  # the same object as last time (a PyroSample prior)
             return last[1]
         form = self.forms[name]
-        base, event_dims = fn, 0
-        while isinstance(base, torch.distributions.Independent):
-            event_dims += base.reinterpreted_batch_ndims
-            base = base.base_dist
+        normal = _normal_base(fn)
         if (
-            type(base) not in _NORMALS
-            or event_dims != form.event_dims
+            normal is None
+            or normal[1] != form.event_dims
             or fn.batch_shape != form.batch_shape
             or fn.event_shape != form.event_shape
         ):
             return None
+        base = normal[0]
         loc, scale = _constant_scalar(base.loc), _constant_scalar(base.scale)
         # the devices are compared in verify, once for all sites
         if loc is None or scale is None or loc.dtype is not form.loc[0] or scale.dtype is not form.scale[0]:
@@ -860,12 +856,10 @@ def _scalar_key(scalar: torch.Tensor) -> tuple:
 def _normal_signature(fn) -> Optional[tuple]:
     """For a (possibly ``Independent``) ``Normal`` with constant broadcast parameters: their keys and the
     shapes; ``None`` for anything else."""
-    base, event_dims = fn, 0
-    while isinstance(base, torch.distributions.Independent):
-        event_dims += base.reinterpreted_batch_ndims
-        base = base.base_dist
-    if type(base) not in _NORMALS:
+    normal = _normal_base(fn)
+    if normal is None:
         return None
+    base, event_dims = normal
     keys = _broadcast_constant_key(base.loc), _broadcast_constant_key(base.scale)
     if keys[0] is None or keys[1] is None:
         return None
@@ -873,6 +867,16 @@ def _normal_signature(fn) -> Optional[tuple]:
 
 
 _NORMALS = (torch.distributions.Normal, pyro.distributions.Normal)
+
+
+def _normal_base(fn) -> Optional[Tuple[torch.distributions.Normal, int]]:
+    """``(the Normal, event dimensions)`` for a ``Normal`` possibly wrapped in ``Independent``\\ s (the
+    wrappers' reinterpreted dimensions added up); ``None`` for any other distribution."""
+    base, event_dims = fn, 0
+    while isinstance(base, torch.distributions.Independent):
+        event_dims += base.reinterpreted_batch_ndims
+        base = base.base_dist
+    return (base, event_dims) if type(base) in _NORMALS else None
 
 
 # ---------------------------------------------------------------------- trace inspection

@@ -68,24 +68,20 @@ class _Spare:
 
     __slots__ = ("ref", "storage", "shape", "dtype", "device")
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    def __init__(self, tensor: torch.Tensor, storage) -> None:
         self.ref = weakref.ref(tensor)
-        self.storage = tensor.untyped_storage()
+        self.storage = storage
         self.shape, self.dtype, self.device = tensor.shape, tensor.dtype, tensor.device
 
     @classmethod
     def of(cls, tensor: Optional[torch.Tensor]) -> "Optional[_Spare]":
         """A spare for a plain tensor that owns its whole storage (not a view, contiguous, no autograd)."""
-        if (
-            tensor is None
-            or tensor._base is not None
-            or tensor.requires_grad
-            or not tensor.is_contiguous()
-            or tensor.storage_offset() != 0
-            or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
-        ):
+        if tensor is None or tensor._base is not None or tensor.requires_grad or not tensor.is_contiguous():
             return None
-        return cls(tensor)
+        storage = tensor.untyped_storage()
+        if tensor.storage_offset() != 0 or storage.nbytes() != tensor.numel() * tensor.element_size():
+            return None
+        return cls(tensor, storage)
 
     def take(self) -> Optional[torch.Tensor]:
         if self.ref() is not None or _STORAGE_USE_COUNT(self.storage._cdata) != 1:
@@ -316,13 +312,17 @@ class SGMCMCKernel(MCMCKernel):
         energy, grad = self._evaluate(positions, self.minibatches.next())
         momentum, thermostat = self._init_auxiliary(positions)
         self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
-        self._noise: Optional[torch.Tensor] = None  # the step's noise buffer, made at the first noisy step
-        # large chains reuse the memory of the state of two steps back once no one refers to it (see step)
-        self._recycle = _STORAGE_USE_COUNT is not None and (
-            positions.numel() * positions.element_size() >= self.RECYCLE_MIN_BYTES
-        )
+        # the step's noise buffer (no step keeps its noise): T = 0 draws none
+        self._noise = torch.empty_like(positions) if self.noise_temperature > 0 else None
         self._spares: Optional[tuple] = None
         self._setup_adaptation(warmup_steps)
+        # large chains reuse the memory of the state of two steps back once no one refers to it (see step);
+        # the preconditioned update (adaptation) makes its own tensors
+        self._recycle = (
+            _STORAGE_USE_COUNT is not None
+            and self._adaptation is None
+            and positions.numel() * positions.element_size() >= self.RECYCLE_MIN_BYTES
+        )
         self._divergences = [[] for _ in range(num_chains)]
         self._num_warmup_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
         self._num_divergences = torch.zeros(num_chains, dtype=torch.long, device=positions.device)
@@ -338,20 +338,17 @@ class SGMCMCKernel(MCMCKernel):
         """Advance every chain by one step (the hot path: no set-up work here).
 
         The new state is made of new tensors, except that for large chains (positions of at least
-        :attr:`RECYCLE_MIN_BYTES`) the position and momentum are written into the memory of those of two
-        steps back *when nothing outside the kernel refers to them any more* (no tensor, view or state
-        kept by anyone: see ``_Spare``). A state, tensor or view you keep is never overwritten.
-        Large tensors freed and allocated again at every step cost a page fault per 4 KiB page.
+        :attr:`RECYCLE_MIN_BYTES`, no adapted mass matrix) the position and momentum are written into
+        the memory of those of two steps back *when nothing outside the kernel refers to them any more*
+        (no tensor, view or state kept by anyone: see ``_Spare``). A state, tensor or view you keep is
+        never overwritten. Large tensors freed and allocated again at every step cost a page fault per
+        4 KiB page.
         """
         state = previous = self.state
         step_size = self.step_size(state.step)
         # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
         # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
-        noise = None
-        if self.noise_temperature > 0:
-            if self._noise is None:
-                self._noise = torch.empty_like(state.position)
-            noise = self.generators.fill_normal(self._noise)
+        noise = self.generators.fill_normal(self._noise) if self._noise is not None else None
         if self._adaptation is None:
             out = self._take_spares() if self._spares is not None else None
             position, momentum, thermostat = self._transition(

@@ -49,7 +49,7 @@ def langevin_step(
     :math:`\\epsilon`.
     """
     # fused: each line is one pass over the new tensor (the inputs are never modified)
-    new_position = _add_scaled(position, drift, step_size * drift_scale, out)
+    new_position = _add_scaled(position, drift, step_size * drift_scale, _checked_out(out, position, "position"))
     if noise is not None:
         _add_scaled_(new_position, noise, math.sqrt(2.0 * step_size * noise_temperature))
     return new_position
@@ -81,6 +81,8 @@ def underdamped_step(
     """
     # fused: each line is one pass over the new tensor (the inputs are never modified)
     out_position, out_momentum = (None, None) if out is None else out
+    out_position = _checked_out(out_position, position, "position")
+    out_momentum = _checked_out(out_momentum, momentum, "momentum")
     decay = 1.0 - step_size * friction / mass
     new_momentum = momentum.mul(decay) if out_momentum is None else torch.mul(momentum, decay, out=out_momentum)
     _add_scaled_(new_momentum, drift, step_size * drift_scale)
@@ -123,6 +125,19 @@ def nose_hoover_step(
     kinetic_temperature = (new_momentum * new_momentum).sum(-1) / (mass * dim)
     new_thermostat = thermostat + step_size * (kinetic_temperature - noise_temperature)
     return new_position, new_momentum, new_thermostat
+
+
+def _checked_out(buffer: Optional[torch.Tensor], like: torch.Tensor, what: str) -> Optional[torch.Tensor]:
+    """``buffer`` if it can hold the new ``what`` (same shape, dtype and device as ``like``), else an error:
+    ``torch``'s ``out=`` would resize or refuse it less clearly."""
+    if buffer is not None and (
+        buffer.shape != like.shape or buffer.dtype != like.dtype or buffer.device != like.device
+    ):
+        raise ValueError(
+            f"out: the new {what}'s buffer must match the {what} (shape {tuple(like.shape)}, {like.dtype}, "
+            f"{like.device}); got shape {tuple(buffer.shape)}, {buffer.dtype}, {buffer.device}"
+        )
+    return buffer
 
 
 def _add_scaled(

@@ -114,3 +114,16 @@ def test_diffusions_scale_the_drift_in_their_pass_and_fill_given_buffers():
         langevin_step(z, grad, 0.1, 0.01, noise, scale, out=position_buffer),
         langevin_step(z, grad, 0.1, 0.01, noise, scale),
     )
+
+
+def test_diffusion_out_buffers_of_the_wrong_form_are_refused_by_name():
+    import pytest
+
+    from pyro_sgmcmc.kernels.diffusions import langevin_step, underdamped_step
+
+    z = m = grad = noise = torch.zeros(2, 5)
+    for bad in (torch.empty(2, 4), torch.empty(2, 5, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="out: the new position's buffer"):
+            langevin_step(z, grad, 0.1, 0.01, noise, out=bad)
+        with pytest.raises(ValueError, match="out: the new momentum's buffer"):
+            underdamped_step(z, m, grad, 0.1, 0.01, 0.5, 1.0, noise, out=(None, bad))
