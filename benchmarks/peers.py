@@ -4,14 +4,16 @@ The same Bayesian MLP regression, the same data, minibatches of B = 128 out of N
 
 ``MCMC``
     ``pyro.infer.MCMC(SGHMC(model))`` for one chain; ``pyro_sgmcmc.MCMC(SGHMC(model), num_chains=256,
-    chain_method="vectorized", keep_last=1)`` for 256 chains (Pyro's validation off, its default).
-``MCMC jit``
-    The same with ``SGHMC(..., jit_compile=True)`` (one chain only: vectorised chains use vmap).
+    chain_method="vectorized", keep_last=1)`` for 256 chains (Pyro's validation off, its default). With
+    the default ``jit_compile="auto"`` the one-chain potential is compiled (vectorised chains use vmap).
+``MCMC eager``
+    The same with ``SGHMC(..., jit_compile=False)`` (one chain only): the model's Python runs every step.
 ``MCMC keep_last``
     One chain through ``pyro_sgmcmc.MCMC(..., chain_method="vectorized", keep_last=1)``: the run keeps only
     its final state, so it does what the hand loop does (nothing stored per step).
 ``kernel``
-    The bare kernel: ``kernel.setup_chains(...)`` once, then ``kernel.step()`` (validation off).
+    The bare kernel: ``kernel.setup_chains(...)`` once, then ``kernel.step()`` (validation off, so compiled
+    like ``MCMC``); ``kernel eager`` (one chain) the same with ``jit_compile=False``.
 ``hand``
     Plain PyTorch, written for speed: one flat parameter vector (per chain), the log density written
     out, one ``torch.autograd.grad``, the SGHMC update as fused in-place ops, the minibatches and the
@@ -75,6 +77,7 @@ import torch
 
 import pyro_sgmcmc
 from pyro_sgmcmc import MCMC, SGHMC
+from pyro_sgmcmc.potential import JitMode
 from pyro_sgmcmc.random import chain_seed
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # tensordict's notices on import of posteriors
@@ -254,8 +257,8 @@ class PosteriorsSGHMC:
 
 # ---------------------------------------------------------------------------------- our runners
 class OursKernel:
-    def __init__(self, x, y, hidden, init, seed):
-        self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION)
+    def __init__(self, x, y, hidden, init, seed, jit: JitMode = "auto"):
+        self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, jit_compile=jit)
         with pyro.validation_enabled(False):
             self.kernel.setup_chains(
                 0, (x, y), {}, num_chains=init.shape[0], initial_params=unpack(init, hidden), seed=seed
@@ -272,7 +275,7 @@ class OursMCMC:
     The run takes one step more than is timed: the kept draw (``keep_last=1``: the final state, its copy
     and its statistics) is recorded once per run, at its end, which a long run amortises to nothing."""
 
-    def __init__(self, x, y, hidden, init, seed, jit: bool = False, keep_last: bool = False):
+    def __init__(self, x, y, hidden, init, seed, jit: JitMode = "auto", keep_last: bool = False):
         self.args, self.hidden, self.init, self.seed = (x, y), hidden, init, seed
         self.keep_last = keep_last  # one chain through pyro_sgmcmc.MCMC(keep_last=1) instead of pyro.infer.MCMC
         self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, jit_compile=jit)
@@ -324,6 +327,8 @@ def _check_same_maths(hidden: int, seed: int) -> dict:
             (ours.kernel.state.position - hand.position).abs().max()
         )
         out[f"hand_{chains}_chains_max_move"] = moved
+        if chains == 1:  # the default path: one chain compiled ("auto", validation off)
+            out["ours_1_chain_compiled"] = ours.kernel.potential.compiled
     # gradient of posteriors' log posterior against ours, same point and minibatch
     z = 0.1 * torch.randn(dim(hidden), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     idx = torch.randperm(NUM_DATA, generator=torch.Generator().manual_seed(3))[:BATCH]
@@ -378,8 +383,9 @@ def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0
     mcmc = OursMCMC(x, y, hidden, init, seed)
     contenders["MCMC"] = lambda: mcmc.run(steps)
     if chains == 1:
-        mcmc_jit = OursMCMC(x, y, hidden, init, seed, jit=True)
-        contenders["MCMC jit"] = lambda: mcmc_jit.run(steps)
+        mcmc_eager = OursMCMC(x, y, hidden, init, seed, jit=False)
+        contenders["MCMC eager"] = lambda: mcmc_eager.run(steps)
+        contenders["kernel eager"] = stepped(OursKernel(x, y, hidden, init, seed, jit=False))
         mcmc_last = OursMCMC(x, y, hidden, init, seed, keep_last=True)
         contenders["MCMC keep_last"] = lambda: mcmc_last.run(steps)
     contenders["posteriors"] = stepped(PosteriorsSGHMC(x, y, hidden, init, seed))
@@ -437,7 +443,7 @@ CONFIGS = {
 
 
 def rst_table(results: dict, retained: bool = False) -> str:
-    names = ["MCMC", "MCMC keep_last", "MCMC jit", "kernel", "hand", "hand+draws", "posteriors"]
+    names = ["MCMC", "MCMC keep_last", "MCMC eager", "kernel", "kernel eager", "hand", "hand+draws", "posteriors"]
     memory = ", freed CPU memory retained (retain_freed_cpu_memory)" if retained else ""
     lines = (
         [

@@ -25,7 +25,10 @@ Three ways to run the same 256 chains (same start, same step size, friction, tem
     so both sides really do the same work.
 ``one-by-one``
     The same kernel, one chain at a time: (a) ``pyro.infer.MCMC(SGHMC(model), num_chains=1)``
-    per chain and (b) the leaner ``kernel.setup_chains(num_chains=1)`` + ``kernel.step()``.
+    per chain and (b) the leaner ``kernel.setup_chains(num_chains=1)`` + ``kernel.step()`` (Pyro's
+    validation off, as ``MCMC`` has it), both with the default ``jit_compile="auto"``, which compiles
+    the one-chain potential; and (c) ``pyro.infer.MCMC`` with ``SGHMC(model, jit_compile=False)``, the
+    model's Python run at every step (the default before compilation became automatic).
     Running 256 chains x all steps this way would take minutes, so a few chains are timed for
     fewer steps and the per-step cost is multiplied by 256 (an extrapolation: reported as such).
 
@@ -86,6 +89,7 @@ import torch
 
 from pyro_sgmcmc import MCMC, SGHMC, retain_freed_cpu_memory
 from pyro_sgmcmc.kernels.diffusions import underdamped_step
+from pyro_sgmcmc.potential import JitMode
 from pyro_sgmcmc.random import chain_seed
 
 HIDDEN = 40
@@ -243,8 +247,10 @@ def step_summary(stamps: List[Tuple[float, float]], start: Tuple[float, float], 
     }
 
 
-def make_kernel() -> SGHMC:
-    return SGHMC(bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE)
+def make_kernel(jit_compile: JitMode = "auto") -> SGHMC:
+    return SGHMC(
+        bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE, jit_compile=jit_compile
+    )
 
 
 def run_ours(x, y, init: torch.Tensor, num_steps: int, seed: int) -> dict:
@@ -287,8 +293,8 @@ def run_hand(x, y, init: torch.Tensor, num_steps: int, seed: int) -> dict:
     return out
 
 
-def run_one_by_one_pyro(x, y, init: torch.Tensor, num_chains: int, num_steps: int) -> dict:
-    """``pyro.infer.MCMC(SGHMC(model), num_chains=1)``, one run per chain."""
+def run_one_by_one_pyro(x, y, init: torch.Tensor, num_chains: int, num_steps: int, jit: JitMode = "auto") -> dict:
+    """``pyro.infer.MCMC(SGHMC(model, jit_compile=jit), num_chains=1)``, one run per chain."""
     runs = []
     for c in range(num_chains):
         stamps: List[Tuple[float, float]] = []
@@ -297,7 +303,7 @@ def run_one_by_one_pyro(x, y, init: torch.Tensor, num_chains: int, num_steps: in
             stamps.append(now())
 
         mcmc = pyro.infer.MCMC(
-            make_kernel(),
+            make_kernel(jit),
             num_samples=num_steps,
             warmup_steps=0,
             initial_params=as_params(init[c], x.shape[1]),
@@ -318,11 +324,12 @@ def run_one_by_one_kernel(x, y, init: torch.Tensor, num_chains: int, num_steps: 
     for c in range(num_chains):
         start = now()
         params = as_params(init[c : c + 1], x.shape[1])
-        kernel.setup_chains(0, (x, y), {}, num_chains=1, initial_params=params, seed=seed, chain_ids=[c])
-        stamps = [now()]
-        for _ in range(num_steps):
-            kernel.step()
-            stamps.append(now())
+        with pyro.validation_enabled(False):  # as MCMC runs it
+            kernel.setup_chains(0, (x, y), {}, num_chains=1, initial_params=params, seed=seed, chain_ids=[c])
+            stamps = [now()]
+            for _ in range(num_steps):
+                kernel.step()
+                stamps.append(now())
         runs.append(step_summary(stamps, start))
         runs[-1]["setup_s"] = stamps[0][0] - start[0]
     return _one_by_one(runs, num_chains, num_steps)
@@ -462,8 +469,8 @@ def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat:
     pieces = {
         "ours: full step (kernel.step)": kernel.step,
         "hand: full step": hand.step,
-        "ours: potential + grad (Pyro model, vmap, autograd)": lambda: (
-            kernel.potential.batched_potential_and_grad(pos, idx)
+        "ours: potential + grad (Pyro model, vmap, autograd)": lambda: kernel.potential.batched_potential_and_grad(
+            pos, idx
         ),
         "no-Pyro: vmap(grad(plain torch U)), same maths": lambda: plain(pos, idx["data"]),
         "hand: potential + grad (bmm + autograd)": lambda: hand.potential_and_grad(pos, idx["data"]),
@@ -490,10 +497,9 @@ def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat:
         "ours: finite check, one sum and one read: isfinite(float(grad.sum() + U.sum()))": lambda: math.isfinite(
             float(grad.sum() + state.potential.sum())
         ),
-        "exact per-chain check isfinite(U) & isfinite(grad).all(-1) (reference)": lambda: torch.isfinite(
-            state.potential
-        )
-        & torch.isfinite(grad).all(-1),
+        "exact per-chain check isfinite(U) & isfinite(grad).all(-1) (reference)": lambda: (
+            torch.isfinite(state.potential) & torch.isfinite(grad).all(-1)
+        ),
         "position.clone() (MCMC keeps the last draw)": pos.clone,
     }
     del drift
@@ -819,6 +825,7 @@ def main(argv=None) -> dict:
                     hand_runs.append(run_hand(x, y, init, args.steps + SKIP, args.seed))
         serial_pyro = run_one_by_one_pyro(x, y, init, args.serial_chains, args.serial_steps + SKIP)
         serial_kernel = run_one_by_one_kernel(x, y, init, args.serial_chains, args.serial_steps + SKIP, args.seed)
+        serial_eager = run_one_by_one_pyro(x, y, init, args.serial_chains, args.serial_steps + SKIP, jit=False)
         entry = {}
         for clock, key in (("wall", "median_ms"), ("cpu", "cpu_median_ms")):
             ours_ms = min(r[key] for r in ours_runs)
@@ -826,6 +833,7 @@ def main(argv=None) -> dict:
             per_chain = "per_chain_step_ms" if clock == "wall" else "per_chain_step_cpu_ms"
             serial_pyro_ms = args.chains * serial_pyro[per_chain]
             serial_kernel_ms = args.chains * serial_kernel[per_chain]
+            serial_eager_ms = args.chains * serial_eager[per_chain]
             entry[clock] = {
                 "ours_ms_per_step": ours_ms,
                 "hand_ms_per_step": hand_ms,
@@ -837,6 +845,8 @@ def main(argv=None) -> dict:
                 "one_by_one_setup_chains_ms_per_step_extrapolated": serial_kernel_ms,
                 "speedup_vs_one_by_one_pyro_mcmc": serial_pyro_ms / ours_ms,
                 "speedup_vs_one_by_one_setup_chains": serial_kernel_ms / ours_ms,
+                "one_by_one_pyro_mcmc_eager_ms_per_step_extrapolated": serial_eager_ms,
+                "speedup_vs_one_by_one_pyro_mcmc_eager": serial_eager_ms / ours_ms,
             }
             entry[clock]["pass_within_1.5x_of_hand"] = entry[clock]["ratio_ours_over_hand"] <= 1.5
             entry[clock]["pass_10x_over_one_by_one"] = (
@@ -851,12 +861,16 @@ def main(argv=None) -> dict:
             hand_runs=hand_runs,
             one_by_one_pyro_mcmc=serial_pyro,
             one_by_one_setup_chains=serial_kernel,
+            one_by_one_pyro_mcmc_eager=serial_eager,
         )
         result["threads"][str(threads)] = entry
         w = entry["wall"]
-        serial = [w[f"one_by_one_{k}_ms_per_step_extrapolated"] for k in ("pyro_mcmc", "setup_chains")]
+        serial = [
+            w[f"one_by_one_{k}_ms_per_step_extrapolated"] for k in ("pyro_mcmc", "setup_chains", "pyro_mcmc_eager")
+        ]
         print(f"threads={threads}: ours {w['ours_ms_per_step']:.1f} ms/step, hand {w['hand_ms_per_step']:.1f} ms/step, "
-              f"one-by-one {serial[0]:.0f} / {serial[1]:.0f} ms/step (extrapolated)", flush=True)  # fmt: skip
+              f"one-by-one {serial[0]:.0f} / {serial[1]:.0f} / eager {serial[2]:.0f} ms/step (extrapolated)",
+              flush=True)  # fmt: skip
 
     profile_threads = args.threads[0]
     torch.set_num_threads(profile_threads)
@@ -895,7 +909,8 @@ def print_report(result: dict) -> None:
     )
     header = (
         f"{'threads':>7} | {'clock':>5} | {'ours':>7} | {'hand':>7} | {'ours/hand':>9} | {'paired':>6} | "
-        f"{'1-by-1 MCMC':>11} | {'1-by-1 kern':>11} | {'speed-up M/k':>13} | {'<=1.5x':>6} | {'>=10x':>5}"
+        f"{'1-by-1 MCMC':>11} | {'1-by-1 kern':>11} | {'1-by-1 eager':>12} | {'speed-up M/k/eager':>19} | "
+        f"{'<=1.5x':>6} | {'>=10x':>5}"
     )
     print(header)
     print("-" * len(header))
@@ -907,7 +922,9 @@ def print_report(result: dict) -> None:
                 f"{e['ratio_ours_over_hand']:9.2f} | {e['ratio_ours_over_hand_paired_median']:6.2f} | "
                 f"{e['one_by_one_pyro_mcmc_ms_per_step_extrapolated']:11.0f} | "
                 f"{e['one_by_one_setup_chains_ms_per_step_extrapolated']:11.0f} | "
-                f"{e['speedup_vs_one_by_one_pyro_mcmc']:5.1f} / {e['speedup_vs_one_by_one_setup_chains']:5.1f} | "
+                f"{e['one_by_one_pyro_mcmc_eager_ms_per_step_extrapolated']:12.0f} | "
+                f"{e['speedup_vs_one_by_one_pyro_mcmc']:5.1f} / {e['speedup_vs_one_by_one_setup_chains']:5.1f} / "
+                f"{e['speedup_vs_one_by_one_pyro_mcmc_eager']:5.1f} | "
                 f"{'pass' if e['pass_within_1.5x_of_hand'] else 'FAIL':>6} | "
                 f"{'pass' if e['pass_10x_over_one_by_one'] else 'FAIL':>5}"
             )

@@ -402,7 +402,7 @@ class _DataParallelFactory:
         self.plate = plate
         self.group = group
 
-    def __call__(self, model, args, kwargs, *, init_strategy, num_data, jit_compile=False) -> DataParallelPotential:
+    def __call__(self, model, args, kwargs, *, init_strategy, num_data, jit_compile="auto") -> DataParallelPotential:
         rank, world_size = _rank_and_size(self.group)
         scale = _ShardScale(float(world_size))
         inner = ModelPotential(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, Literal, Mapping, NamedTuple, Optional, Tuple, Union
 
 import pyro
 import pyro.poutine as poutine
@@ -42,9 +42,19 @@ from torch.distributions import biject_to
 
 __all__ = ["LatentSite", "SubsamplePlate", "ModelPotential", "ModelError"]
 
+#: ``jit_compile``'s accepted values (see :class:`ModelPotential`).
+JitMode = Union[bool, Literal["auto"]]
+
 
 class ModelError(ValueError):
     """The model cannot be sampled by a stochastic-gradient kernel (the message says why)."""
+
+
+def check_jit_compile(jit_compile: object) -> JitMode:
+    """``jit_compile`` itself if it is True, False or ``"auto"``; a TypeError naming it otherwise."""
+    if isinstance(jit_compile, bool) or jit_compile == "auto":
+        return jit_compile  # type: ignore[return-value]
+    raise TypeError(f'jit_compile must be True, False or "auto"; got {jit_compile!r}')
 
 
 @dataclass(frozen=True)
@@ -100,15 +110,30 @@ class ModelPotential:
         likelihood terms: over observed sites, the largest product of the *full* sizes of the
         plates around the site (for the usual ``pyro.plate("data", N, subsample_size=B)`` model,
         ``N``). A model with no plate around its observations has ``N = 1``.
-    jit_compile : bool
+    jit_compile : bool or "auto"
         Compile the single-chain potential with :func:`torch.jit.trace` on its first minibatch
         evaluation (as ``pyro.infer.HMC(jit_compile=True)`` does): the Pyro machinery (tracing,
-        handlers, transforms) runs once, later steps replay the recorded tensor operations, several
-        times faster for small models. The model must take the same path of Python control flow at
-        every evaluation (no branching on latent values or data); the compiled function is checked
-        against the plain one at two points and dropped, with a warning, if they disagree or if
-        tracing fails. Vectorised chains (:meth:`batched_potential_and_grad` with more than one
-        chain) use :func:`torch.func.vmap` instead and ignore this flag.
+        handlers, transforms) and the model's Python run once, later steps replay the recorded
+        tensor operations, several times faster for small models. The model must take the same
+        path of Python control flow at every evaluation (no branching on latent values or data)
+        and have no Python side effects that later evaluations depend on (a global variable
+        changed during the run, Python's or NumPy's random numbers); torch's random numbers are
+        replayed fresh. The compiled function is checked against the plain one at two points
+        (the example point and a moved point with other indices) and dropped if they disagree or
+        if tracing fails. Vectorised chains (:meth:`batched_potential_and_grad` with more than
+        one chain) use :func:`torch.func.vmap` instead and ignore this flag.
+
+        * ``"auto"`` (the default) compiles only what can be checked to be safe: not while Pyro's
+          validation is on (a compiled function would check only the first minibatch's values;
+          ``MCMC`` turns validation off), and only a model that gives bit-identical results when
+          run twice on the same point and minibatch (which rules out random numbers of any kind
+          in the model). Otherwise, and when the check or tracing fails, it stays uncompiled,
+          silently: results are the same, only slower. :attr:`compiled` tells which happened.
+        * ``True`` compiles whenever tracing and the two-point check succeed (Pyro's validation
+          is switched off while tracing), and warns when it cannot.
+        * ``False`` runs the model's Python at every evaluation, as Pyro's own kernels do by
+          default: for models with side effects (printing, counting calls, reading a variable
+          changed by a hook).
 
     Examples
     --------
@@ -131,14 +156,14 @@ class ModelPotential:
         *,
         init_strategy: Callable = init_to_uniform,
         num_data: Optional[int] = None,
-        jit_compile: bool = False,
+        jit_compile: JitMode = "auto",
     ) -> None:
-        if not isinstance(jit_compile, bool):
-            raise TypeError(f"jit_compile must be True or False; got {jit_compile!r}")
         self.model = model
-        self.jit_compile = jit_compile
+        self.jit_compile = check_jit_compile(jit_compile)
         self._jitted: Optional[Callable] = None  # the compiled potential, once traced
         self._jit_failed = False
+        #: Why compilation was given up (the first line of the error), or None.
+        self.jit_failure: Optional[str] = None
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
@@ -350,11 +375,21 @@ class ModelPotential:
     def _potential(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return -self.log_density(position, indices)
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the single-chain potential now runs as a compiled function (see ``jit_compile``)."""
+        return self._jitted is not None
+
     def _compile(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> Optional[Callable]:
         """Trace the single-chain potential with :func:`torch.jit.trace` (once); check it at the
-        example point and at a moved point with other indices; ``None`` (and a warning) on failure."""
+        example point and at a moved point with other indices; ``None`` on failure (with a warning
+        for ``jit_compile=True``; ``"auto"`` also declines, without a warning, while Pyro's
+        validation is on and for a model whose repeated evaluation is not bit-identical)."""
         if self._jit_failed:
             return None
+        automatic = self.jit_compile == "auto"
+        if automatic and is_validation_enabled():
+            return None  # decided again at the next evaluation: validation may be switched off later
         names = [plate.name for plate in self.subsample_plates]
 
         def potential(z, *plate_indices):
@@ -362,8 +397,18 @@ class ModelPotential:
 
         example = [indices[name] for name in names]
         try:
+            if automatic:
+                first = _value_and_grad(potential, position, example)
+                if not all(bool(torch.isfinite(t).all()) for t in first):
+                    return None  # e.g. an initial point being tried: decided at a finite one
+                second = _value_and_grad(potential, position, example)
+                if not all(torch.equal(a, b) for a, b in zip(first, second)):
+                    raise RuntimeError("the model gives different results on the same point and minibatch")
             with pyro.validation_enabled(False), warnings.catch_warnings(), torch.enable_grad():
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                # torch 2.10+ marks torch.jit.trace deprecated; it still works, and if it is ever removed
+                # the AttributeError lands in the fallback below
+                warnings.filterwarnings("ignore", message=".*torch.jit.trace.*deprecated", category=DeprecationWarning)
                 compiled = torch.jit.trace(
                     potential, (position.detach().requires_grad_(True), *example), check_trace=False
                 )
@@ -379,11 +424,13 @@ class ModelPotential:
                         raise RuntimeError("the compiled potential disagrees with the model at a second point")
         except Exception as error:  # any tracing failure: fall back to the plain potential
             self._jit_failed = True
-            warnings.warn(
-                f"jit_compile=True: could not compile the model's potential ({str(error).splitlines()[0]}); "
-                "running without compilation",
-                RuntimeWarning,
-            )
+            self.jit_failure = str(error).splitlines()[0] if str(error) else type(error).__name__
+            if not automatic:
+                warnings.warn(
+                    f"jit_compile=True: could not compile the model's potential ({self.jit_failure}); "
+                    "running without compilation",
+                    RuntimeWarning,
+                )
             return None
         self._jitted = compiled
         return compiled

@@ -40,7 +40,7 @@ from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..minibatch import MinibatchSampler
-from ..potential import ModelPotential
+from ..potential import JitMode, ModelPotential, check_jit_compile
 from ..random import ChainGenerators
 from ..schedules import Schedule, as_schedule
 from .control_variates import ControlVariate
@@ -148,7 +148,7 @@ class SGMCMCKernel(MCMCKernel):
         full_mass: Optional[bool] = None,
         control_variate=None,
         start_at_centre: bool = False,
-        jit_compile: bool = False,
+        jit_compile: JitMode = "auto",
     ) -> None:
         if not callable(model):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
@@ -169,9 +169,7 @@ class SGMCMCKernel(MCMCKernel):
             )
         self.init_strategy = init_strategy
         self.on_divergence = _choice(on_divergence, "on_divergence", _ON_DIVERGENCE)
-        if not isinstance(jit_compile, bool):
-            raise TypeError(f"jit_compile must be True or False; got {jit_compile!r}")
-        self.jit_compile = jit_compile
+        self.jit_compile = check_jit_compile(jit_compile)
 
         self.transforms = None
         self.potential: Optional[ModelPotential] = None

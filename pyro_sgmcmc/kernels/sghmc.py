@@ -7,6 +7,7 @@ from typing import Callable, Dict, Optional, Union
 import torch
 from pyro.infer.autoguide.initialization import init_to_uniform
 
+from ..potential import JitMode
 from ..schedules import Schedule
 from .base import _INITIAL_MOMENTA, SGMCMCKernel, SGMCMCState, _choice, _non_negative, _positive
 from .diffusions import kinetic_energy as _kinetic_energy
@@ -83,7 +84,7 @@ class SGHMC(SGMCMCKernel):
         full_mass: Optional[bool] = None,
         control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
         start_at_centre: bool = False,
-        jit_compile: bool = False,
+        jit_compile: JitMode = "auto",
     ) -> None:
         super().__init__(
             model,

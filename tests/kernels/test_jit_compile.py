@@ -39,6 +39,51 @@ def test_jit_compiled_kernel_follows_the_plain_trajectory(kernel_cls):
     assert torch.allclose(paths[1], paths[0], rtol=1e-5, atol=1e-6), (paths[1] - paths[0]).abs().max()
 
 
-def test_jit_compile_must_be_a_bool():
-    with pytest.raises(TypeError, match="jit_compile"):
+def test_jit_compile_must_be_a_bool_or_auto():
+    with pytest.raises(TypeError, match='jit_compile must be True, False or "auto"'):
         SGHMC(_model, jit_compile="yes")
+
+
+def _data():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 3, generator=generator)
+    return x, x @ torch.tensor([1.0, -0.5, 2.0]) + 0.3 * torch.randn(200, generator=generator)
+
+
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC, SGNHT])
+def test_mcmc_compiles_by_default_and_draws_what_the_plain_model_draws(kernel_cls):
+    """``pyro.infer.MCMC`` switches Pyro's validation off, so the default ``jit_compile="auto"``
+    compiles this deterministic model; its 40 draws follow the uncompiled run's (same seeds, same
+    minibatches and noise) to float32 round-off, as in the test above."""
+    draws, compiled = [], []
+    for jit in ("auto", False):
+        pyro.set_rng_seed(5)
+        kernel = kernel_cls(_model, step_size=1e-2, jit_compile=jit)
+        mcmc = pyro.infer.MCMC(kernel, num_samples=40, warmup_steps=0, disable_progbar=True,
+                               initial_params={"w": torch.zeros(3), "sigma": torch.zeros(())})  # fmt: skip
+        mcmc.run(*_data())
+        draws.append(mcmc.get_samples()["w"])
+        compiled.append(kernel.potential.compiled)
+    assert compiled == [True, False]
+    assert float((draws[1][-1] - draws[1][0]).abs().max()) > 1e-2  # the chain moved
+    assert torch.allclose(draws[0], draws[1], rtol=1e-5, atol=1e-6), (draws[0] - draws[1]).abs().max()
+
+
+def test_python_side_effects_run_once_compiled_and_every_step_with_jit_compile_false():
+    """The documented cost of compiling: the model's Python runs during set-up and tracing only. A
+    model that counts its calls sees a fixed number of them under ``"auto"`` whatever the run's length,
+    and one per step at least with ``jit_compile=False`` (the choice for models with side effects)."""
+    calls = []
+
+    def counting(x, y):
+        calls.append(1)
+        _model(x, y)
+
+    counts = {}
+    for jit, steps in (("auto", 20), ("auto", 60), (False, 20)):
+        calls.clear()
+        kernel = SGHMC(counting, step_size=1e-2, jit_compile=jit)
+        pyro.infer.MCMC(kernel, num_samples=steps, warmup_steps=0, disable_progbar=True).run(*_data())
+        counts[jit, steps] = len(calls)
+    assert counts["auto", 20] == counts["auto", 60] < 20
+    assert counts[False, 20] >= 20
