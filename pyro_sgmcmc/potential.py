@@ -380,6 +380,14 @@ class ModelPotential:
     def _potential(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return -self.log_density(position, indices)
 
+    def forget_compiled(self) -> None:
+        """Drop the compiled potential (and any decision not to compile): the next evaluation decides
+        afresh. The kernels call this at every set-up, so a run sees what the model's Python does then
+        (a global variable changed between two runs, say), not what it did when the previous run traced it."""
+        self._jitted = None
+        self._jit_failed = False
+        self.jit_failure = None
+
     @property
     def compiled(self) -> bool:
         """Whether the single-chain potential now runs as a compiled function (see ``jit_compile``)."""

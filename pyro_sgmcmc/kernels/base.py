@@ -603,6 +603,8 @@ class SGMCMCKernel(MCMCKernel):
                 jit_compile=self.jit_compile,
             )
             self._model_key = key
+        else:  # the same model and arguments: reused, but traced afresh (the model's globals may have changed)
+            self.potential.forget_compiled()
         return self.potential
 
     def _initial_positions(self, initial_params, num_chains: int, num_superchains: int) -> torch.Tensor:

@@ -87,3 +87,35 @@ def test_python_side_effects_run_once_compiled_and_every_step_with_jit_compile_f
         counts[jit, steps] = len(calls)
     assert counts["auto", 20] == counts["auto", 60] < 20
     assert counts[False, 20] >= 20
+
+
+def test_a_second_run_of_the_same_kernel_traces_the_model_afresh():
+    """Compiled, a model's Python runs only while tracing. A global the model reads, changed between two
+    runs of one kernel on the same data (a prior's location, say), must be seen by the second run: each
+    set-up drops the previous run's compiled potential (checked: without that, this fails with the second
+    mean at 0.1). Prior N(shift, 0.1^2) on w with 200 weak data (sd 30): the data's precision per weight
+    (~200/30^2 = 0.2) is 1/500 of the prior's (100), so the posterior mean of w[0] is ``shift`` to 1e-2 and
+    its sd 0.1. SGLD at step 0.05 contracts w by 0.05 * 100/200 = 0.025 per step: an autocorrelation time
+    of ~80 steps, so 1,800 draws give an ESS of ~20 and a Monte Carlo sd of the mean of ~0.02; the bound
+    0.1 is 5 sd. A stale trace would leave the second run at 0, 5 away."""
+    settings = {"shift": 0.0}
+
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(settings["shift"], 0.1).expand([3]).to_event(1))
+        with pyro.plate("data", x.shape[0], subsample_size=16) as idx:
+            pyro.sample("y", dist.Normal(x[idx] @ w, 30.0), obs=y[idx])
+
+    x, y = _data()
+    kernel = SGLD(model, step_size=0.05)
+    means = []
+    for shift in (0.0, 5.0):  # the same kernel and arguments: set-up reuses its potential
+        settings["shift"] = shift
+        with pyro.validation_enabled(False):  # as MCMC runs it (which passes detached copies of the data)
+            kernel.setup_chains(0, (x, y), {}, num_chains=1, seed=0)
+            draws = []
+            for step in range(2000):
+                kernel.step()
+                draws.append(kernel.state.position[0, 0])
+        assert kernel.potential.compiled
+        means.append(float(torch.stack(draws[200:]).mean()))
+    assert abs(means[0]) < 0.1 and abs(means[1] - 5.0) < 0.1, means
