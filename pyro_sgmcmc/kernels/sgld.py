@@ -89,6 +89,7 @@ class SGLD(SGMCMCKernel):
         ``False`` always does (use ``False`` for a model with side effects, such as reading a variable
         a hook changes). ``True`` compiles whenever the check passes and warns when it cannot.
         Vectorised chains use :func:`torch.func.vmap` and ignore it.
+
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
