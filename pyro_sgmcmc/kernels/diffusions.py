@@ -103,6 +103,7 @@ def nose_hoover_step(
     mass: float,
     noise: Optional[torch.Tensor],
     drift_scale: float = 1.0,
+    out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One SGNHT step (stochastic-gradient Nose-Hoover thermostat, Ding et al. 2014).
 
@@ -115,14 +116,22 @@ def nose_hoover_step(
     The thermostat :math:`\\xi` (one per chain, shape ``position.shape[:-1]``) adapts the friction
     until the kinetic temperature :math:`m \\cdot m / (\\sigma^2 d)` equals :math:`\\mathcal{T}`,
     absorbing unknown gradient noise. :math:`\\alpha` (``diffusion``) sets the injected noise.
+    ``out`` (new position, new momentum) are buffers to write into, as in :func:`underdamped_step`;
+    the thermostat, one number per chain, is always a new tensor.
     """
-    xi = thermostat.unsqueeze(-1)
-    new_momentum = momentum - (step_size / mass) * xi * momentum + (step_size * drift_scale) * drift
+    # fused as in underdamped_step: the per-chain decay 1 - eps xi / sigma^2 is a (..., 1) tensor, then
+    # one pass per line over the new momentum (the inputs are never modified)
+    out_position, out_momentum = (None, None) if out is None else out
+    out_position = _checked_out(out_position, position, "position")
+    out_momentum = _checked_out(out_momentum, momentum, "momentum")
+    decay = 1.0 - (step_size / mass) * thermostat.unsqueeze(-1)
+    new_momentum = momentum.mul(decay) if out_momentum is None else torch.mul(momentum, decay, out=out_momentum)
+    _add_scaled_(new_momentum, drift, step_size * drift_scale)
     if noise is not None:
-        new_momentum = new_momentum + math.sqrt(2.0 * step_size * noise_temperature * diffusion) * noise
-    new_position = position + (step_size / mass) * new_momentum
-    dim = position.shape[-1]
-    kinetic_temperature = (new_momentum * new_momentum).sum(-1) / (mass * dim)
+        _add_scaled_(new_momentum, noise, math.sqrt(2.0 * step_size * noise_temperature * diffusion))
+    new_position = _add_scaled(position, new_momentum, step_size / mass, out_position)
+    # m' . m' per chain as a batched dot product: no chain-sized temporary
+    kinetic_temperature = torch.einsum("...i,...i->...", new_momentum, new_momentum) / (mass * position.shape[-1])
     new_thermostat = thermostat + step_size * (kinetic_temperature - noise_temperature)
     return new_position, new_momentum, new_thermostat
 

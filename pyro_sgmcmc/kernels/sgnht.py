@@ -119,7 +119,7 @@ class SGNHT(SGMCMCKernel):
 
     def _transition(
         self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0, out=None
-    ):  # no buffers (out): the thermostat's update is not written in place
+    ):
         return nose_hoover_step(
             state.position,
             state.momentum,
@@ -131,6 +131,7 @@ class SGNHT(SGMCMCKernel):
             self.mass,
             noise,
             drift_scale,
+            out,
         )
 
     def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:

@@ -109,6 +109,11 @@ def test_diffusions_scale_the_drift_in_their_pass_and_fill_given_buffers():
     into = underdamped_step(z, m, grad, 0.1, 0.01, 0.5, 2.0, noise, scale, out=buffers)
     assert into[0] is buffers[0] and into[1] is buffers[1]
     assert torch.equal(into[0], fused[0]) and torch.equal(into[1], fused[1])
+    buffers = (torch.full_like(z, float("nan")), torch.full_like(m, float("nan")))
+    into = nose_hoover_step(z, m, xi, grad, 0.1, 0.01, 0.5, 2.0, noise, scale, out=buffers)
+    fresh = nose_hoover_step(z, m, xi, grad, 0.1, 0.01, 0.5, 2.0, noise, scale)
+    assert into[0] is buffers[0] and into[1] is buffers[1]
+    assert all(torch.equal(a, b) for a, b in zip(into, fresh))
     position_buffer = torch.full_like(z, float("nan"))
     assert torch.equal(
         langevin_step(z, grad, 0.1, 0.01, noise, scale, out=position_buffer),
@@ -119,11 +124,14 @@ def test_diffusions_scale_the_drift_in_their_pass_and_fill_given_buffers():
 def test_diffusion_out_buffers_of_the_wrong_form_are_refused_by_name():
     import pytest
 
-    from pyro_sgmcmc.kernels.diffusions import langevin_step, underdamped_step
+    from pyro_sgmcmc.kernels.diffusions import langevin_step, nose_hoover_step, underdamped_step
 
     z = m = grad = noise = torch.zeros(2, 5)
+    xi = torch.zeros(2)
     for bad in (torch.empty(2, 4), torch.empty(2, 5, dtype=torch.float64)):
         with pytest.raises(ValueError, match="out: the new position's buffer"):
             langevin_step(z, grad, 0.1, 0.01, noise, out=bad)
         with pytest.raises(ValueError, match="out: the new momentum's buffer"):
             underdamped_step(z, m, grad, 0.1, 0.01, 0.5, 1.0, noise, out=(None, bad))
+        with pytest.raises(ValueError, match="out: the new position's buffer"):
+            nose_hoover_step(z, m, xi, grad, 0.1, 0.01, 0.5, 1.0, noise, out=(bad, None))
