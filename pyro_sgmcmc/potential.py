@@ -161,8 +161,7 @@ class ModelPotential:
         self.model = model
         self.jit_compile = check_jit_compile(jit_compile)
         self._jitted: Optional[Callable] = None  # the compiled potential, once traced
-        self._jit_failed = False
-        #: Why compilation was given up (the first line of the error), or None.
+        #: Why compilation was given up (the first line of the error), or None; once set, not tried again.
         self.jit_failure: Optional[str] = None
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
@@ -385,7 +384,6 @@ class ModelPotential:
         afresh. The kernels call this at every set-up, so a run sees what the model's Python does then
         (a global variable changed between two runs, say), not what it did when the previous run traced it."""
         self._jitted = None
-        self._jit_failed = False
         self.jit_failure = None
 
     @property
@@ -398,7 +396,7 @@ class ModelPotential:
         example point and at a moved point with other indices; ``None`` on failure (with a warning
         for ``jit_compile=True``; ``"auto"`` also declines, without a warning, while Pyro's
         validation is on and for a model whose repeated evaluation is not bit-identical)."""
-        if self._jit_failed:
+        if self.jit_failure is not None:
             return None
         automatic = self.jit_compile == "auto"
         if automatic and is_validation_enabled():
@@ -410,12 +408,12 @@ class ModelPotential:
 
         example = [indices[name] for name in names]
         try:
+            at_example = _value_and_grad(potential, position, example)
             if automatic:
-                first = _value_and_grad(potential, position, example)
-                if not all(bool(torch.isfinite(t).all()) for t in first):
+                if not all(bool(torch.isfinite(t).all()) for t in at_example):
                     return None  # e.g. an initial point being tried: decided at a finite one
-                second = _value_and_grad(potential, position, example)
-                if not all(torch.equal(a, b) for a, b in zip(first, second)):
+                again = _value_and_grad(potential, position, example)
+                if not all(torch.equal(a, b) for a, b in zip(at_example, again)):
                     raise RuntimeError("the model gives different results on the same point and minibatch")
             with pyro.validation_enabled(False), warnings.catch_warnings(), torch.enable_grad():
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -426,8 +424,9 @@ class ModelPotential:
                     potential, (position.detach().requires_grad_(True), *example), check_trace=False
                 )
             moved = position.detach() + 0.01 * torch.linspace(-1, 1, position.numel(), dtype=position.dtype)
-            for z, plate_indices in ((position, example), (moved, [i.flip(0) for i in example])):
-                expected = _value_and_grad(potential, z, plate_indices)
+            flipped = [i.flip(0) for i in example]
+            for z, plate_indices, expected in ((position, example, at_example), (moved, flipped, None)):
+                expected = expected or _value_and_grad(potential, z, plate_indices)
                 got = _value_and_grad(compiled, z, plate_indices)
                 for a, b in zip(expected, got):
                     # relative to the largest entry: float32 round-off in a gradient of size 1e5 is ~1e-2
@@ -436,7 +435,6 @@ class ModelPotential:
                     if not torch.allclose(a, b, rtol=0.0, atol=1e-5 + 1e-4 * scale, equal_nan=True):
                         raise RuntimeError("the compiled potential disagrees with the model at a second point")
         except Exception as error:  # any tracing failure: fall back to the plain potential
-            self._jit_failed = True
             self.jit_failure = str(error).splitlines()[0] if str(error) else type(error).__name__
             if not automatic:
                 warnings.warn(

@@ -13,8 +13,8 @@ divided by N), ``step_size`` is :math:`\\epsilon` and ``noise_temperature`` is
 or ``None`` when :math:`\\mathcal{T} = 0` (no noise is drawn at all). ``drift_scale`` multiplies
 ``drift``: a kernel passes the potential's gradient with ``drift_scale = -1/N``, which folds the
 normalisation into the update's one pass instead of making a scaled copy of the gradient first. ``out``
-(SGLD: the new position's buffer; SGHMC: the new position's and momentum's) receives the result instead
-of new tensors: a kernel passes buffers of its own that nothing else refers to (see
+(SGLD: the new position's buffer; SGHMC and SGNHT: the new position's and momentum's) receives the result
+instead of new tensors: a kernel passes buffers of its own that nothing else refers to (see
 :meth:`~pyro_sgmcmc.kernels.base.SGMCMCKernel.step`).
 
 The functions act elementwise on tensors of any shape ``(..., dim)``; the last axis is the
@@ -79,17 +79,11 @@ def underdamped_step(
     ``torch.optim.SGD(lr=eps / sigma^2, momentum=1 - eps * alpha / sigma^2, dampening=1 - eps)`` on
     :math:`N^{-1} U` step for step, with PyTorch's momentum buffer equal to :math:`-m`.
     """
-    # fused: each line is one pass over the new tensor (the inputs are never modified)
-    out_position, out_momentum = (None, None) if out is None else out
-    out_position = _checked_out(out_position, position, "position")
-    out_momentum = _checked_out(out_momentum, momentum, "momentum")
     decay = 1.0 - step_size * friction / mass
-    new_momentum = momentum.mul(decay) if out_momentum is None else torch.mul(momentum, decay, out=out_momentum)
-    _add_scaled_(new_momentum, drift, step_size * drift_scale)
-    if noise is not None:
-        _add_scaled_(new_momentum, noise, math.sqrt(2.0 * step_size * noise_temperature * friction))
-    new_position = _add_scaled(position, new_momentum, step_size / mass, out_position)
-    return new_position, new_momentum
+    noise_scale = math.sqrt(2.0 * step_size * noise_temperature * friction)
+    return _kick_then_move(
+        position, momentum, decay, drift, step_size * drift_scale, noise, noise_scale, step_size / mass, out
+    )
 
 
 def nose_hoover_step(
@@ -119,21 +113,41 @@ def nose_hoover_step(
     ``out`` (new position, new momentum) are buffers to write into, as in :func:`underdamped_step`;
     the thermostat, one number per chain, is always a new tensor.
     """
-    # fused as in underdamped_step: the per-chain decay 1 - eps xi / sigma^2 is a (..., 1) tensor, then
-    # one pass per line over the new momentum (the inputs are never modified)
-    out_position, out_momentum = (None, None) if out is None else out
-    out_position = _checked_out(out_position, position, "position")
-    out_momentum = _checked_out(out_momentum, momentum, "momentum")
+    # the thermostat's friction: a per-chain decay 1 - eps xi / sigma^2, shape (..., 1)
     decay = 1.0 - (step_size / mass) * thermostat.unsqueeze(-1)
-    new_momentum = momentum.mul(decay) if out_momentum is None else torch.mul(momentum, decay, out=out_momentum)
-    _add_scaled_(new_momentum, drift, step_size * drift_scale)
-    if noise is not None:
-        _add_scaled_(new_momentum, noise, math.sqrt(2.0 * step_size * noise_temperature * diffusion))
-    new_position = _add_scaled(position, new_momentum, step_size / mass, out_position)
+    noise_scale = math.sqrt(2.0 * step_size * noise_temperature * diffusion)
+    new_position, new_momentum = _kick_then_move(
+        position, momentum, decay, drift, step_size * drift_scale, noise, noise_scale, step_size / mass, out
+    )
     # m' . m' per chain as a batched dot product: no chain-sized temporary
     kinetic_temperature = torch.einsum("...i,...i->...", new_momentum, new_momentum) / (mass * position.shape[-1])
     new_thermostat = thermostat + step_size * (kinetic_temperature - noise_temperature)
     return new_position, new_momentum, new_thermostat
+
+
+def _kick_then_move(
+    position: torch.Tensor,
+    momentum: torch.Tensor,
+    decay,
+    drift: torch.Tensor,
+    drift_alpha: float,
+    noise: Optional[torch.Tensor],
+    noise_alpha: float,
+    move_alpha: float,
+    out: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The update SGHMC and SGNHT share: ``m' = decay * m + drift_alpha * drift + noise_alpha * noise``, then
+    ``z' = z + move_alpha * m'`` (``decay`` a number, or a per-chain tensor that broadcasts). Fused: each
+    line is one pass over the new tensor, written into ``out = (position buffer, momentum buffer)`` where
+    given; the inputs are never modified."""
+    out_position, out_momentum = (None, None) if out is None else out
+    out_position = _checked_out(out_position, position, "position")
+    out_momentum = _checked_out(out_momentum, momentum, "momentum")
+    new_momentum = momentum.mul(decay) if out_momentum is None else torch.mul(momentum, decay, out=out_momentum)
+    _add_scaled_(new_momentum, drift, drift_alpha)
+    if noise is not None:
+        _add_scaled_(new_momentum, noise, noise_alpha)
+    return _add_scaled(position, new_momentum, move_alpha, out_position), new_momentum
 
 
 def _checked_out(buffer: Optional[torch.Tensor], like: torch.Tensor, what: str) -> Optional[torch.Tensor]:
