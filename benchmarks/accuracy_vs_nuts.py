@@ -201,11 +201,16 @@ def run_sg(kind: str, x, y, ref_mean, ref_sd, max_steps: int, seed: int = 0) -> 
         kernel = SGHMC(
             make_minibatch_model(batch), step_size=CV_STEP, friction=CV_FRICTION, initial_momentum="stationary",
             control_variate="map", start_at_centre=True, init_strategy=init_to_median,
+            adapt_step_size=False, adapt_mass_matrix=False,
         )  # fmt: skip
     else:
         batch = max(num_data // 100, 100)
         model = make_minibatch_model(batch)
-        kernel = SGHMC(model, step_size=0.3, friction=1.0) if kind == "SGHMC" else SGLD(model, step_size=0.5)
+        fixed = dict(adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)  # as measured in the docs
+        if kind == "SGHMC":
+            kernel = SGHMC(model, step_size=0.3, friction=1.0, **fixed)
+        else:
+            kernel = SGLD(model, step_size=0.5, **fixed)
     tracker = Tracker(ref_mean, ref_sd, burn_in, every=10, max_steps=max_steps, time_budget=TIME_BUDGET)
     mcmc = MCMC(
         kernel, num_samples=max_steps - burn_in, warmup_steps=burn_in, num_chains=chains,

@@ -86,7 +86,8 @@ def worker(args) -> None:
         stamps.append((time.perf_counter(), time.process_time()))
 
     steps = args.skip + args.steps
-    kernel = SGHMC(logistic_model, step_size=1e-2, friction=1.0)
+    fixed = dict(adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)  # as measured in the docs
+    kernel = SGHMC(logistic_model, step_size=1e-2, friction=1.0, **fixed)
     if args.mode == "chains":
         mcmc = DistributedMCMC(kernel, num_samples=steps, warmup_steps=0, num_chains=args.chains, seed=0,
                                hook_fn=hook, disable_progbar=True, keep_last=1)  # fmt: skip

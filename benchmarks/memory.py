@@ -74,7 +74,10 @@ def summarise(readings, expected_mb: float) -> dict:
 
 
 def run_kernel(x, y, hidden, steps):
-    kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION)
+    kernel = SGHMC(
+        make_model(hidden), step_size=STEP_SIZE, friction=FRICTION,
+        adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
+    )  # fmt: skip
     readings = []
     with pyro.validation_enabled(False):
         kernel.setup_chains(0, (x, y), {}, num_chains=1, seed=0)
@@ -92,7 +95,10 @@ def run_vectorized(x, y, hidden, steps, chains, thinning, keep_last):
         if (t + 1) % EVERY == 0:
             readings.append((t + 1, rss_mb()))
 
-    kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION)
+    kernel = SGHMC(
+        make_model(hidden), step_size=STEP_SIZE, friction=FRICTION,
+        adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
+    )  # fmt: skip
     mcmc = MCMC(
         kernel, num_samples=steps // thinning, warmup_steps=0, num_chains=chains, chain_method="vectorized",
         thinning=thinning, keep_last=keep_last, seed=0, hook_fn=hook, disable_progbar=True,

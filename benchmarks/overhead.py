@@ -59,6 +59,7 @@ from pyro.nn import PyroModule, PyroSample
 import pyro_sgmcmc
 
 STEP_SIZE, FRICTION, TEMPERATURE = 1e-3, 1.0, 1.0
+FIXED = dict(adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)  # the hand loop's maths
 
 
 # ====================================================================================== models
@@ -198,8 +199,8 @@ class HandLoop:
 
 def make_kernel(problem, method, step_size=STEP_SIZE, temperature=TEMPERATURE):
     if method == "SGLD":
-        return pyro_sgmcmc.SGLD(problem.model, step_size=step_size, temperature=temperature)
-    return pyro_sgmcmc.SGHMC(problem.model, step_size=step_size, friction=FRICTION, temperature=temperature)
+        return pyro_sgmcmc.SGLD(problem.model, step_size=step_size, temperature=temperature, **FIXED)
+    return pyro_sgmcmc.SGHMC(problem.model, step_size=step_size, friction=FRICTION, temperature=temperature, **FIXED)
 
 
 def check_same_steps(problem_class, method, steps=50, step_size=0.05):

@@ -84,6 +84,8 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # tensordict's notice
 
 NUM_DATA, BATCH, INPUTS, NOISE_SD = 10_000, 128, 10, 0.5
 STEP_SIZE, FRICTION = 0.01, 1.0
+#: the hand loop's maths: a fixed step, no mass matrix, plain minibatches (the kernels' defaults adapt)
+SAME_MATHS = dict(adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)
 SIZES = {"small": 50, "large": 490}  # hidden width: 3,151 and 246,471 weights
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -258,7 +260,7 @@ class PosteriorsSGHMC:
 # ---------------------------------------------------------------------------------- our runners
 class OursKernel:
     def __init__(self, x, y, hidden, init, seed, jit: JitMode = "auto"):
-        self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, jit_compile=jit)
+        self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, jit_compile=jit, **SAME_MATHS)
         with pyro.validation_enabled(False):
             self.kernel.setup_chains(
                 0, (x, y), {}, num_chains=init.shape[0], initial_params=unpack(init, hidden), seed=seed
@@ -278,7 +280,7 @@ class OursMCMC:
     def __init__(self, x, y, hidden, init, seed, jit: JitMode = "auto", keep_last: bool = False):
         self.args, self.hidden, self.init, self.seed = (x, y), hidden, init, seed
         self.keep_last = keep_last  # one chain through pyro_sgmcmc.MCMC(keep_last=1) instead of pyro.infer.MCMC
-        self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, jit_compile=jit)
+        self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, jit_compile=jit, **SAME_MATHS)
 
     def run(self, num_steps: int) -> List[tuple]:
         stamps: List[tuple] = []

@@ -138,7 +138,8 @@ def cv_run(X, y, mean, sd, cv, steps, warmup, step_size, batch, seed):
             pyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
 
     start = mean + 3 * sd * torch.tensor([(-1.0) ** j for j in range(d)], dtype=torch.float64)  # 3 sds away
-    kernel = SGLD(model, step_size=step_size, control_variate="map" if cv else None,
+    kernel = SGLD(model, step_size=step_size, control_variate="map" if cv else None, adapt_step_size=False,
+                  adapt_mass_matrix=False,
                   init_strategy=init_to_value(values={"w": start}))  # fmt: skip
     mcmc = MCMC(kernel, num_samples=steps, warmup_steps=warmup, num_chains=4, chain_method="vectorized", seed=seed,
                 disable_progbar=True)  # fmt: skip

@@ -248,9 +248,10 @@ def step_summary(stamps: List[Tuple[float, float]], start: Tuple[float, float], 
 
 
 def make_kernel(jit_compile: JitMode = "auto") -> SGHMC:
-    return SGHMC(
-        bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE, jit_compile=jit_compile
-    )
+    return SGHMC(  # the hand loop's maths: a fixed step, no mass matrix, plain minibatches
+        bnn_model, step_size=STEP_SIZE, friction=FRICTION, mass=MASS, temperature=TEMPERATURE, jit_compile=jit_compile,
+        adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
+    )  # fmt: skip
 
 
 def run_ours(x, y, init: torch.Tensor, num_steps: int, seed: int) -> dict:

@@ -293,6 +293,10 @@ def run(args, model, x_train, y_train, temperature: float, warmup_steps: int, nu
         # Start from a draw of the prior, i.e. a random network initialisation; the default
         # init_to_uniform (U(-2, 2) for every weight) would saturate the tanh units.
         init_strategy=init_to_sample,
+        # the fixed step of the measured gallery figures (docs/gallery): no warmup adaptation
+        adapt_step_size=False,
+        adapt_mass_matrix=False,
+        control_variate=None,
     )
     keep = KeepEvery(thin)
     mcmc = MCMC(

@@ -211,9 +211,10 @@ def run_vi(args, model, data, map_values: dict, temperature: float, seed: int) -
 
 
 def run_sghmc(args, model, data, *, temperature, chains, warmup, num_samples, thinning, keep_last, seed) -> dict:
-    kernel = SGHMC(
-        model, step_size=args.step_size, friction=args.friction, temperature=temperature, init_strategy=init_to_sample
-    )
+    kernel = SGHMC(  # the fixed step of the measured gallery figures (docs/gallery): no warmup adaptation
+        model, step_size=args.step_size, friction=args.friction, temperature=temperature, init_strategy=init_to_sample,
+        adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
+    )  # fmt: skip
     mcmc = MCMC(
         kernel,
         num_samples=num_samples,

@@ -215,9 +215,10 @@ def dispersed_starts(num: int, generator: torch.Generator) -> torch.Tensor:
 
 
 def make_kernel(well: DoubleWell, args, temperature: float) -> SGHMC:
-    return SGHMC(
-        well.model, step_size=args.step_size, friction=args.friction, temperature=temperature, num_data=args.num_data
-    )
+    return SGHMC(  # the fixed step of the measured gallery figures (docs/gallery): no warmup adaptation
+        well.model, step_size=args.step_size, friction=args.friction, temperature=temperature, num_data=args.num_data,
+        adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
+    )  # fmt: skip
 
 
 def run_deep_ensemble(well, args, starts):

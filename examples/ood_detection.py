@@ -130,6 +130,10 @@ def run_sghmc(args, model, data, *, temperature, chains, warmup, num_samples, th
         friction=args.friction,
         temperature=temperature,
         init_strategy=init_to_sample,  # a random network initialisation (a draw of the prior)
+        # the fixed step of the measured gallery figures (docs/gallery): no warmup adaptation
+        adapt_step_size=False,
+        adapt_mass_matrix=False,
+        control_variate=None,
     )
     mcmc = MCMC(
         kernel,

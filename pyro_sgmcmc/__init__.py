@@ -8,7 +8,7 @@ inside :class:`pyro.infer.MCMC` on models with subsampled plates, and :class:`MC
 from .allocation import retain_freed_cpu_memory
 from .diagnostics import nested_rhat, nested_rhat_threshold
 from .inference_data import to_inference_data
-from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, SGMCMCKernel, SGMCMCState
+from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, DivergenceWarning, SGMCMCKernel, SGMCMCState
 from .mcmc import MCMC
 from .potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
@@ -27,6 +27,7 @@ __all__ = [
     "SGMCMCKernel",
     "SGMCMCState",
     "DivergenceError",
+    "DivergenceWarning",
     "ModelPotential",
     "ModelError",
     "Schedule",

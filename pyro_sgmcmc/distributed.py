@@ -354,7 +354,7 @@ class DataParallelPotential:
         if self._sampler is None or self._streams_of is not self.kernel.generators:
             self._start_run(positions)
         own = dict(indices)
-        own.update(self._sampler.next())
+        own.update({name: _rows_for(rows, positions.shape[0]) for name, rows in self._sampler.next().items()})
         potential, grad = self.inner.batched_potential_and_grad(positions, own)
         if not self._scale.seen:
             raise ValueError(
@@ -548,3 +548,17 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _rows_for(indices: torch.Tensor, rows: int) -> torch.Tensor:
+    """This rank's minibatch indices ``(C, B)`` for a call on ``rows`` points: one row per chain, or, for the
+    warmup's curvature probes and control variates (``kernels/preconditioning.py``, ``control_variates.py``),
+    ``2 C K`` rows laid out as ``K`` points of chain 0, ..., ``K`` of chain ``C - 1``, twice over, each
+    point with its chain's minibatch."""
+    chains = indices.shape[0]
+    if rows == chains:
+        return indices
+    if rows % (2 * chains):
+        raise ValueError(f"data_parallel: {rows} points for {chains} chains (expected C or a multiple of 2 C)")
+    per_chain = indices.repeat_interleave(rows // (2 * chains), 0)
+    return torch.cat([per_chain, per_chain])

@@ -244,14 +244,7 @@ disable_validation, transforms, save_params :
             for name in names
         }
         self.sample_stats = {key: torch.stack([s[key] for s in stats], dim=1) for key in (stats[0] if stats else {})}
-        self._diagnostics = [
-            {
-                "divergences": list(kernel.divergences[c]),
-                "warmup divergences": int(kernel._num_warmup_divergences[c]),
-                "step size": kernel._last_step_size,
-            }
-            for c in range(self.num_chains)
-        ]
+        self._diagnostics = [kernel.chain_diagnostics(c) for c in range(self.num_chains)]
         kernel.cleanup()
 
     def summary(self, prob: float = 0.9) -> None:

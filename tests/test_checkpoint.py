@@ -48,6 +48,26 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
     assert reference.diagnostics()["divergences"] == resumed.diagnostics()["divergences"]
 
 
+@pytest.mark.parametrize("every, stop, phase", [(4, 7, "approach"), (10, 25, "adaptation")])
+def test_resume_inside_the_warmup_is_bit_identical(tmp_path, every, stop, phase):
+    """Interrupted inside the default warmup (40 steps: 10 of approach, then adaptation), the run resumes
+    from its last checkpoint with the approach's Adam moments, the adaptation's metric, step sizes, probe
+    sums and jump statistics as they were: the draws equal an uninterrupted run's bit for bit."""
+    reference = script.run()
+    path = tmp_path / "run.ckpt"
+
+    def interrupt(kernel, params, stage, t):
+        if t == stop - 1:
+            assert kernel.phase == phase
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        script.run(checkpoint=path, every=every, hook=interrupt)
+    resumed = script.run(checkpoint=path, every=every)
+    _equal_runs(reference.get_samples(group_by_chain=True), reference.sample_stats,
+                resumed.get_samples(group_by_chain=True), resumed.sample_stats)  # fmt: skip
+
+
 def test_resume_with_computed_permutations_is_bit_identical(tmp_path, monkeypatch):
     """The same with the minibatch permutations computed on the fly (as for data too large for a table):
     their keys and cursors are checkpointed, so the resumed run draws the same minibatches."""

@@ -290,10 +290,12 @@ def test_step_size_values(kernel, value):
     )
 )
 def test_callable_step_size_is_checked_at_t0(kernel, returned):
-    """A callable schedule is accepted iff its first step size is positive and finite."""
+    """A callable schedule is accepted iff its first step size is positive and finite (a schedule is a fixed
+    step: adapt_step_size=False)."""
     first = float(returned)
     verdict = VALID if math.isfinite(first) and first > 0 else INVALID
-    check(lambda: kernel(model, step_size=lambda t: returned), verdict, "step_size")
+    fixed = dict(adapt_step_size=False, adapt_mass_matrix=False)
+    check(lambda: kernel(model, step_size=lambda t: returned, **fixed), verdict, "step_size")
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
@@ -371,14 +373,16 @@ def test_extreme_valid_hyperparameters_never_give_nan_draws(
 
 @pytest.mark.parametrize("argument", ["temperature", "step_size"])
 def test_hyperparameter_above_float32_max_runs(argument):
-    sampler = SGLD(model, **{"step_size": 1e-3, argument: 1e39})
+    # the step size statistic is the given step only without step-size adaptation
+    fixed = dict(adapt_step_size=False, adapt_mass_matrix=False) if argument == "step_size" else {}
+    sampler = SGLD(model, **{"step_size": 1e-3, argument: 1e39}, **fixed)
     mcmc = MCMC(sampler, 2, 1, num_chains=2, chain_method="vectorized", seed=0, disable_progbar=True)
     mcmc.run(Y)
     assert float(mcmc.sample_stats[argument][0, 0]) == 1e39
 
 
 def test_on_divergence_raise_names_the_step_chains_and_sites():
-    sampler = SGHMC(model, step_size=1e6, on_divergence="raise")
+    sampler = SGHMC(model, step_size=1e6, on_divergence="raise", adapt_step_size=False, adapt_mass_matrix=False)
     mcmc = MCMC(
         sampler, num_samples=2, warmup_steps=1, num_chains=2, chain_method="vectorized", seed=0, disable_progbar=True
     )
@@ -450,7 +454,7 @@ def test_numpy_array_for_a_string_choice_is_a_named_error(call, argument):
 
 @pytest.mark.parametrize("later", [-1.0, math.nan, "x", None], ids=["negative", "nan", "string", "None"])
 def test_callable_schedule_going_bad_later_is_a_named_error(later):
-    sampler = SGLD(model, step_size=lambda t: 0.01 if t == 0 else later)
+    sampler = SGLD(model, step_size=lambda t: 0.01 if t == 0 else later, adapt_step_size=False, adapt_mass_matrix=False)
     mcmc = MCMC(
         sampler, num_samples=3, warmup_steps=0, num_chains=2, chain_method="vectorized", seed=0, disable_progbar=True
     )
@@ -459,7 +463,8 @@ def test_callable_schedule_going_bad_later_is_a_named_error(later):
 
 @pytest.mark.parametrize("returned", ["abc", None, 1 + 2j], ids=["string", "None", "complex"])
 def test_callable_schedule_with_non_numeric_first_value_is_a_named_error(returned):
-    expect_named_error(lambda: SGLD(model, step_size=lambda t: returned), "step_size")
+    fixed = dict(adapt_step_size=False, adapt_mass_matrix=False)  # a schedule is a fixed step
+    expect_named_error(lambda: SGLD(model, step_size=lambda t: returned, **fixed), "step_size")
 
 
 # ====================================================================== schedules

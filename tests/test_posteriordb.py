@@ -127,7 +127,16 @@ class Setting:
 
     def kernel_for(self, problem: Problem):
         init = init_to_value(values=problem.init_values)
-        common = dict(step_size=self.step_size, temperature=self.temperature, init_strategy=init)
+        # the fixed step whose O(eps) bias the tolerances predict (module docstring): no warmup adaptation
+        # (the defaults are tested from Pyro's default init in tests/test_posteriordb_defaults.py)
+        common = dict(
+            step_size=self.step_size,
+            temperature=self.temperature,
+            init_strategy=init,
+            adapt_step_size=False,
+            adapt_mass_matrix=False,
+            control_variate=None,
+        )
         if self.kernel == "SGLD":
             return SGLD(problem.model, **common)
         if self.kernel == "SGHMC":

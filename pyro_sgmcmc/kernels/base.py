@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 import weakref
 from collections import OrderedDict
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
@@ -42,15 +43,28 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..minibatch import MinibatchSampler
 from ..potential import JitMode, ModelPotential, check_jit_compile
 from ..random import ChainGenerators
-from ..schedules import Schedule, as_schedule
+from ..schedules import Constant, Schedule, as_schedule
 from .control_variates import ControlVariate
 from .preconditioning import DENSE_MAX_DIM, MassMatrixAdaptation
+from .warmup import (
+    AUTO_CONTROL_VARIATE_EPOCH,
+    CONTROL_VARIATE_GAIN,
+    MIN_ADAPTATION_WARMUP,
+    JumpMonitor,
+    TypicalSetSearch,
+    approach_length,
+    gradient_variance,
+)
 
-__all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError"]
+__all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError", "DivergenceWarning"]
 
 
 class DivergenceError(RuntimeError):
-    """Raised with ``on_divergence="raise"`` when a step gives a non-finite potential or gradient."""
+    """Raised with ``on_divergence="raise"`` when a step diverges (non-finite, or a jump of the potential)."""
+
+
+class DivergenceWarning(RuntimeWarning):
+    """Warned at the end of a run in which some step diverged."""
 
 
 # torch's count of references to a storage (tensors, views, storage objects); private, so optional
@@ -144,19 +158,20 @@ class SGMCMCKernel(MCMCKernel):
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
         *,
-        adapt_mass_matrix: bool = False,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool = True,
         full_mass: Optional[bool] = None,
-        control_variate=None,
+        control_variate="auto",
         start_at_centre: bool = False,
         jit_compile: JitMode = "auto",
     ) -> None:
         if not callable(model):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
         self.model = model
-        self._init_preconditioning(step_size, temperature, adapt_mass_matrix, full_mass, control_variate)
+        self.step_size = as_schedule(1e-3 if step_size is None else step_size, "step_size")  # checks the value first
+        self._init_preconditioning(step_size, adapt_step_size, adapt_mass_matrix, full_mass, control_variate)
         self.start_at_centre = _start_at_centre(start_at_centre, control_variate)
-        self.step_size = as_schedule(1e-3 if step_size is None else step_size, "step_size")
-        self._initial_step_size = self.step_size
+        self._chain_step_size: Optional[torch.Tensor] = None  # (C, 1) once the warmup has adapted them
         self.temperature = _non_negative(
             temperature, "temperature", "T = 1 is the posterior, 0 < T < 1 a cold posterior, T = 0 optimisation"
         )
@@ -214,6 +229,28 @@ class SGMCMCKernel(MCMCKernel):
         # The next chain of a sequential multi-chain run starts afresh (from its own
         # initial_params, set by pyro.infer.MCMC, or from init_strategy).
         self._initial_params = None
+        self.warn_divergences()
+
+    def warn_divergences(self) -> None:
+        """Warn, naming the counts, if any step of the run diverged (``pyro.infer.MCMC`` and
+        :class:`~pyro_sgmcmc.MCMC` call it at the end of each run)."""
+        if self.state is None or self._divergence_count == 0:
+            return
+        sampling = sum(len(d) for d in self._divergences)
+        warmup = int(self._num_warmup_divergences.sum())
+        kinds = sorted({record[3].split(" of site")[0].split(" by ")[0] for record in self.divergence_log})
+        if sampling:
+            consequence = "the draws may not represent the posterior; a longer warmup or a smaller step_size may help"
+        else:  # warmup only: the adaptation halved the step of the chains concerned, sampling was clean
+            consequence = "none while sampling" + (
+                " (each halved that chain's adapted step size)" if self._adaptation is not None else ""
+            )
+        warnings.warn(
+            f"{type(self).__name__}: {sampling} divergent step(s) while sampling and {warmup} in warmup "
+            f"({'; '.join(kinds[:3])}): {consequence}. See diagnostics() and divergence_log.",
+            DivergenceWarning,
+            stacklevel=2,
+        )
 
     def sample(self, params: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Pyro's protocol: one step of the single chain from ``params`` (unconstrained)."""
@@ -229,7 +266,8 @@ class SGMCMCKernel(MCMCKernel):
         """Shown in the progress bar: step size, mean minibatch log density, divergences so far."""
         return OrderedDict(
             [
-                ("step size", f"{self._last_step_size:.2e}"),
+                ("phase", self.phase),
+                ("step size", f"{_mean(self._last_step_size):.2e}"),
                 ("lp", f"{-_mean(self.state.potential):.4g}"),
                 ("div", str(self.num_divergences)),
             ]
@@ -237,11 +275,32 @@ class SGMCMCKernel(MCMCKernel):
 
     def diagnostics(self) -> dict:
         """Pyro's protocol (first chain): ``divergences`` holds the indices of the divergent *draws*."""
-        return {
-            "divergences": list(self._divergences[0]),
-            "warmup divergences": int(self._num_warmup_divergences[0]),
-            "step size": self._last_step_size,
+        return self.chain_diagnostics(0)
+
+    def chain_diagnostics(self, chain: int) -> dict:
+        """Chain ``chain``'s divergences (indices of the divergent *draws*), warmup divergences, final step
+        size, and the warmup's statistics: its phases' lengths, the approach's refused steps, the adapted
+        inverse mass matrix's diagonal and the sampling phase's jump threshold (``kernels/warmup.py``)."""
+        out = {
+            "divergences": list(self._divergences[chain]),
+            "warmup divergences": int(self._num_warmup_divergences[chain]),
+            "step size": _chain_value(self._last_step_size, chain),
         }
+        if self._adaptation is not None:
+            approach = self._approach
+            out["approach steps"] = 0 if approach is None else approach.num_steps
+            out["approach rejections"] = 0 if approach is None else int(approach.rejections[chain])
+            out["adaptation steps"] = self._adaptation.warmup_steps
+            halvings = self._adaptation.total_halvings
+            out["step size halvings"] = 0 if halvings is None else int(halvings[chain])
+            inverse_mass = self.inverse_mass_matrix
+            if inverse_mass is not None:
+                diagonal = inverse_mass[chain].diagonal() if inverse_mass.dim() == 3 else inverse_mass[chain]
+                out["inverse mass matrix diagonal"] = diagonal.detach().cpu()
+        out["control variate"] = self._control_variate is not None
+        if self._jump_threshold is not None:
+            out["jump threshold"] = float(self._jump_threshold[chain])
+        return out
 
     # ------------------------------------------------------------------ many chains
     def setup_chains(
@@ -318,7 +377,7 @@ class SGMCMCKernel(MCMCKernel):
         # the preconditioned update (adaptation) makes its own tensors
         self._recycle = (
             _STORAGE_USE_COUNT is not None
-            and self._adaptation is None
+            and (self._adaptation is None or not self._adaptation.preconditioned)
             and positions.numel() * positions.element_size() >= self.RECYCLE_MIN_BYTES
         )
         self._divergences = [[] for _ in range(num_chains)]
@@ -343,11 +402,13 @@ class SGMCMCKernel(MCMCKernel):
         4 KiB page.
         """
         state = previous = self.state
-        step_size = self.step_size(state.step)
+        if self._approach is not None and state.step < self._approach.num_steps:
+            return self._approach_step(state)
+        step_size = self.step_size(state.step) if self._chain_step_size is None else self._chain_step_size
         # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
         # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
         noise = self.generators.fill_normal(self._noise) if self._noise is not None else None
-        if self._adaptation is None:
+        if self._adaptation is None or not self._adaptation.preconditioned:
             out = self._take_spares() if self._spares is not None else None
             position, momentum, thermostat = self._transition(
                 state, state.grad, step_size, noise, -self._inverse_num_data, out
@@ -358,13 +419,19 @@ class SGMCMCKernel(MCMCKernel):
             )
         energy, grad = self._evaluate(position, self.minibatches.next())
         # A sum is finite only if every term is: one reduction (no temporary) and one read settle the usual
-        # case. A sum that overflows, or a non-finite term, takes the exact check.
-        if self._frozen is None and math.isfinite(
-            float(grad.sum() + (energy if energy.numel() == 1 else energy.sum()))
+        # case. A sum that overflows, or a non-finite term, takes the exact check. In sampling, a jump of
+        # the potential past the chain's threshold (kernels/warmup.py) is a divergence too: one more read.
+        threshold = self._jump_threshold
+        if (
+            self._frozen is None
+            and math.isfinite(float(grad.sum() + (energy if energy.numel() == 1 else energy.sum())))
+            and (threshold is None or not float((energy - state.potential - threshold).max()) > 0)
         ):
             finite = None
         else:
             finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
+            if threshold is not None:
+                finite = finite & ~(energy - state.potential > threshold)
         if finite is None or (self._frozen is None and bool(finite.all())):
             state = SGMCMCState(position, momentum, thermostat, energy, grad, state.step + 1)
             self._last_diverging = self._no_divergence
@@ -374,9 +441,34 @@ class SGMCMCKernel(MCMCKernel):
         self._last_step_size = step_size
         if self._recycle:
             self._spares = (_Spare.of(previous.position), _Spare.of(previous.momentum))
-        if self._adapting and state.step <= self._warmup_steps:
-            self._adapt(state)
+        if state.step <= self._warmup_steps:  # warmup only: nothing of this runs while sampling
+            self._warmup_bookkeeping(previous, state)
         return state
+
+    def _warmup_bookkeeping(self, previous: SGMCMCState, state: SGMCMCState) -> None:
+        """Measure the potential's step-to-step changes, adapt, halve the step size after a divergence
+        in adaptation, and freeze the jump threshold at the end of warmup."""
+        jumps = self._jumps
+        diverged = bool(self._last_diverging.any())
+        if not diverged:
+            jumps.record(state.step, state.potential - previous.potential)
+        if self._adapting:
+            if diverged and self._adaptation.adapt_step_size:
+                self._adaptation.shrink_step_size(self._last_diverging)
+                self._sync_step_size()
+            self._adapt(state)
+            # in adaptation a jump past the running threshold is a divergence too: the chain is put back
+            # and its step halved, so a step that is unstable under the current metric cannot throw it away
+            self._jump_threshold = jumps.running_threshold()
+        if state.step == self._warmup_steps:
+            self._jump_threshold = jumps.threshold()
+            self._freeze_step_size()
+
+    def _freeze_step_size(self) -> None:
+        """After warmup one chain's adapted step size becomes a number: the update's scalar (fused) path."""
+        step_size = self._chain_step_size
+        if torch.is_tensor(step_size) and step_size.numel() == 1:
+            self._chain_step_size = float(step_size)
 
     def _take_spares(self) -> Optional[tuple]:
         """``(position buffer, momentum buffer)`` from two steps back, each ``None`` unless no one else
@@ -444,32 +536,39 @@ class SGMCMCKernel(MCMCKernel):
 
     # ------------------------------------------------------------------ preconditioning, control variates
     # (the machinery is in preconditioning.py and control_variates.py; these are the hooks)
-    def _init_preconditioning(self, step_size, temperature, adapt_mass_matrix, full_mass, control_variate) -> None:
+    def _init_preconditioning(self, step_size, adapt_step_size, adapt_mass_matrix, full_mass, control_variate) -> None:
+        if not isinstance(adapt_step_size, bool):
+            raise TypeError(f"adapt_step_size must be True or False; got {adapt_step_size!r}")
         if not isinstance(adapt_mass_matrix, bool):
             raise TypeError(f"adapt_mass_matrix must be True or False; got {adapt_mass_matrix!r}")
         if full_mass is not None and not isinstance(full_mass, bool):
             raise TypeError(f"full_mass must be None (dense for dim <= 64), True or False; got {full_mass!r}")
         if full_mass and not adapt_mass_matrix:
             raise ValueError("full_mass=True needs adapt_mass_matrix=True (the dense mass matrix is adapted in warmup)")
-        if adapt_mass_matrix and isinstance(temperature, numbers.Real) and not temperature > 0:
+        if adapt_step_size and step_size is not None and not isinstance(step_size, (numbers.Real, Constant)):
             raise ValueError(
-                "adapt_mass_matrix=True needs temperature > 0 (the mass matrix is estimated from the spread "
-                f"of the tempered posterior); got temperature={temperature!r}"
+                "a step-size schedule cannot be adapted: pass adapt_step_size=False with a schedule or callable "
+                f"step_size, or a float (the initial step size) with adapt_step_size=True; got {step_size!r}"
             )
         if control_variate is not None and not isinstance(control_variate, (str, Mapping)):
             raise TypeError(
-                "control_variate must be None, 'map' or a dict {site: constrained value}; "
+                "control_variate must be 'auto', None, 'map' or a dict {site: constrained value}; "
                 f"got {type(control_variate).__name__}"
             )
-        if isinstance(control_variate, str) and control_variate != "map":
-            raise ValueError(f"control_variate must be None, 'map' or a dict; got {control_variate!r}")
+        if isinstance(control_variate, str) and control_variate not in ("auto", "map"):
+            raise ValueError(f"control_variate must be 'auto', None, 'map' or a dict; got {control_variate!r}")
+        self.adapt_step_size = adapt_step_size
         self.adapt_mass_matrix = adapt_mass_matrix
         self.full_mass = full_mass
         self.control_variate = control_variate
-        self._adapt_step_size = adapt_mass_matrix and step_size is None
         self._adaptation: Optional[MassMatrixAdaptation] = None
+        self._approach: Optional[TypicalSetSearch] = None
+        self._jumps: Optional[JumpMonitor] = None
+        self._jump_threshold: Optional[torch.Tensor] = None
         self._adapting = False
         self._control_variate: Optional[ControlVariate] = None
+        self._auto_control_variate_cache: Optional[ControlVariate] = None
+        self._control_variate_candidate: Optional[ControlVariate] = None
 
     def _evaluate(self, positions: torch.Tensor, indices):
         """Minibatch potential and gradient at ``positions``: plain, or control-variate centred."""
@@ -478,63 +577,176 @@ class SGMCMCKernel(MCMCKernel):
         return self._control_variate(positions, indices)
 
     def _setup_control_variate(self, positions: torch.Tensor) -> None:
-        if self.control_variate is None:
+        if self.control_variate is None or self.control_variate == "auto":  # "auto": decided after the approach
             self._control_variate = None
         else:  # computed once per data set (sequential chains on the same data reuse it)
             cached = self._control_variate
             if cached is None or cached.potential is not self.potential:
                 self._control_variate = ControlVariate(self.potential, self.control_variate, positions[0])
 
+    @property
+    def adapts(self) -> bool:
+        """Whether set-up runs the three-phase warmup (``kernels/warmup.py``): an adaptation flag is on and
+        ``temperature > 0`` (at ``T = 0`` there is no posterior to adapt to: the kernel is an optimiser
+        with the given step size)."""
+        return (self.adapt_step_size or self.adapt_mass_matrix) and self.temperature > 0
+
     def _setup_adaptation(self, warmup_steps: int) -> None:
-        if not self.adapt_mass_matrix:
+        position = self.state.position
+        self._jumps = JumpMonitor(warmup_steps, position.shape[0], position.device)
+        self._control_variate_candidate = None
+        self._jump_threshold = None
+        self._approach = None
+        if not (self.adapts and warmup_steps >= MIN_ADAPTATION_WARMUP):
             self._adaptation, self._adapting = None, False
+            self._chain_step_size = None
             return
-        self.step_size = self._initial_step_size  # a new run starts from the user's step size
-        dense = self.full_mass if self.full_mass is not None else self.state.position.shape[-1] <= DENSE_MAX_DIM
+        self._chain_step_size = None  # a new run starts from the user's step size
+        dense = self.full_mass if self.full_mass is not None else position.shape[-1] <= DENSE_MAX_DIM
+        approach = approach_length(warmup_steps)
         self._adaptation = MassMatrixAdaptation(
-            warmup_steps,
-            dense,
-            self._adapt_step_size,
+            warmup_steps - approach,
+            dense and self.adapt_mass_matrix,
+            self.adapt_step_size,
             self.state.momentum is not None,
             self.temperature,
             thermostat=self.state.thermostat is not None,
+            adapt_mass_matrix=self.adapt_mass_matrix,
+            offset=approach,
         )
+        self._adapting = True
+        if approach > 0:
+            self._approach = TypicalSetSearch(approach, position)
+        else:
+            self._start_adaptation()
+
+    def _start_adaptation(self) -> None:
+        """End of the approach: the chains start moving, at rest, under the first metric and step size."""
+        if self.state.momentum is not None:
+            self.state = self.state._replace(momentum=torch.zeros_like(self.state.momentum))
+        if self.control_variate == "auto":
+            self._auto_control_variate()
         self._adaptation.setup(self, self.state.position)
-        self._adapting = warmup_steps > 0
-        if self._adaptation.step_size is not None:
-            self.step_size = as_schedule(self._adaptation.step_size, "step_size")
+        self._sync_step_size()
+
+    def _auto_control_variate(self) -> None:
+        """``control_variate="auto"`` (``kernels/warmup.py``): with one subsampled plate whose epoch is at least
+        ``AUTO_CONTROL_VARIATE_EPOCH`` minibatches, a *candidate* control variate centred at the full-data MAP
+        found by L-BFGS from the approach's best point (once per data set); :meth:`_decide_control_variate`
+        keeps it or not at the end of the initial buffer."""
+        plates = self.minibatches.plates
+        if len(plates) != 1 or plates[0].size < AUTO_CONTROL_VARIATE_EPOCH * plates[0].subsample_size:
+            return
+        cached = self._auto_control_variate_cache
+        if cached is not None and cached.potential is self.potential:
+            self._control_variate = cached
+        else:
+            state = self.state
+            finite = torch.isfinite(state.potential)
+            best = int(torch.where(finite, state.potential, torch.full_like(state.potential, math.inf)).argmin())
+            try:
+                cached = ControlVariate(self.potential, "map", state.position[best])
+            except ValueError:  # the full-data potential is not finite at the MAP found: plain minibatches
+                return
+            self._auto_control_variate_cache = cached
+        self._control_variate_candidate = cached
+
+    def _decide_control_variate(self) -> None:
+        """Keep the candidate control variate if, at the chains' points after the initial buffer (spread out
+        from the mode by then), it divides the largest per-coordinate gradient variance by more than
+        ``1 / CONTROL_VARIATE_GAIN`` for the median chain: the noise-limited step grows in proportion, and
+        a step with it costs two minibatch evaluations. (Far from its centre, in a posterior that is not
+        concentrated, such as a small network's, it is *noisier* than plain minibatches.)"""
+        candidate, self._control_variate_candidate = self._control_variate_candidate, None
+        position = self.state.position
+        plain = gradient_variance(self._evaluate, position, self.minibatches).amax(-1)
+        self._control_variate = candidate
+        centred = gradient_variance(self._evaluate, position, self.minibatches).amax(-1)
+        ratio = centred / plain.clamp_min(torch.finfo(plain.dtype).tiny)
+        if not float(ratio.median()) < CONTROL_VARIATE_GAIN:
+            self._control_variate = None
+            return
+        energy, grad = self._evaluate(position, self.minibatches.next())
+        self.state = self.state._replace(potential=energy, grad=grad)
+
+    def _sync_step_size(self) -> None:
+        self._chain_step_size = self._adaptation.step_size
 
     def _adapt(self, state: SGMCMCState) -> None:
         adaptation = self._adaptation
-        before = adaptation.step_size
+        if self._control_variate_candidate is not None and state.step - adaptation.offset >= adaptation.slow_start:
+            self._decide_control_variate()
+            state = self.state
         adaptation.update(self, state.step, state.position)
-        if adaptation.step_size is not None and adaptation.step_size != before:
-            self.step_size = as_schedule(adaptation.step_size, "step_size")
+        self._sync_step_size()
+        if state.step == self._warmup_steps:
+            self._adapting = False
+
+    def _approach_step(self, state: SGMCMCState) -> SGMCMCState:
+        """One step of the approach phase (``kernels/warmup.py``): sign-based descent, no noise."""
+        approach = self._approach
+        position = approach.propose(state.position, state.grad)
+        energy, grad = self._evaluate(position, self.minibatches.next())
+        finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1) & torch.isfinite(position).all(-1)
+        if not bool(finite.all()):
+            approach.reject(~finite)
+            keep = finite.unsqueeze(-1)
+            position = torch.where(keep, position, state.position)
+            energy = torch.where(finite, energy, state.potential)
+            grad = torch.where(keep, grad, state.grad)
+        self._last_diverging = self._no_divergence
+        self._last_step_size = approach.typical_step()
+        self.state = state._replace(position=position, potential=energy, grad=grad, step=state.step + 1)
+        if self.state.step == approach.num_steps:
+            self._start_adaptation()
+        return self.state
+
+    @property
+    def phase(self) -> str:
+        """``"approach"``, ``"adaptation"`` (the rest of warmup), ``"warmup"`` (no adaptation) or ``"sampling"``."""
+        step = self.state.step if self.state is not None else 0
+        if step >= self._warmup_steps:
+            return "sampling"
+        if self._approach is not None and step < self._approach.num_steps:
+            return "approach"
+        return "adaptation" if self._adaptation is not None else "warmup"
 
     @property
     def inverse_mass_matrix(self) -> Optional[torch.Tensor]:
         """The preconditioner :math:`P = L L^\\top` per chain in normalised units, ``(C, D)`` (diagonal)
         or ``(C, D, D)`` (``full_mass``); ``None`` without ``adapt_mass_matrix``. Frozen after warmup."""
-        if self._adaptation is None:
+        if self._adaptation is None or not self._adaptation.preconditioned or self._adaptation.factor is None:
             return None
         factor = self._adaptation.factor
         return factor @ factor.transpose(-1, -2) if self._adaptation.full_mass else factor * factor
 
     def _preconditioning_state_dict(self) -> dict:
-        out = {}
+        out = {"jumps": self._jumps.state_dict(), "jump_threshold": self._jump_threshold, "adapting": self._adapting}
+        if self._approach is not None:
+            out["approach"] = self._approach.state_dict()
         if self._adaptation is not None:
             out["adaptation"] = self._adaptation.state_dict()
-            out["adapted_step_size"] = self.step_size
         if self._control_variate is not None:
             out["control_variate"] = self._control_variate.state_dict()
         return out
 
     def _load_preconditioning_state_dict(self, saved: dict, device) -> None:
+        self._jumps.load_state_dict(saved["jumps"], device)
+        threshold = saved["jump_threshold"]
+        self._jump_threshold = None if threshold is None else threshold.to(device)
+        self._adapting = saved["adapting"]
+        if "approach" in saved:
+            self._approach.load_state_dict(saved["approach"], device)
         if "adaptation" in saved:
             self._adaptation.load_state_dict(saved["adaptation"], device)
-            self.step_size = saved["adapted_step_size"]
+            self._sync_step_size()
+            if self.state.step >= self._warmup_steps:
+                self._freeze_step_size()
         if "control_variate" in saved:
-            self._control_variate.load_state_dict(saved["control_variate"], device)
+            if self._control_variate is None:  # "auto": chosen after the approach
+                self._control_variate = ControlVariate.from_state_dict(self.potential, saved["control_variate"], device)
+            else:
+                self._control_variate.load_state_dict(saved["control_variate"], device)
 
     # ------------------------------------------------------------------ statistics
     @property
@@ -550,7 +762,11 @@ class SGMCMCKernel(MCMCKernel):
         options = {"dtype": torch.float64, "device": position.device}  # float64: a huge T or step still fits
         stats = {
             "lp": -self.state.potential,
-            "step_size": torch.full((num_chains,), self._last_step_size, **options),
+            "step_size": (
+                self._last_step_size.reshape(num_chains).to(**options)
+                if torch.is_tensor(self._last_step_size)
+                else torch.full((num_chains,), self._last_step_size, **options)
+            ),
             "diverging": self._last_diverging.clone(),
             "temperature": torch.full((num_chains,), self.temperature, **options),
             "num_divergences": self._num_divergences.clone(),
@@ -649,13 +865,19 @@ class SGMCMCKernel(MCMCKernel):
         chains = diverging.nonzero().flatten().tolist()
         phase = "warmup" if state.step < self._warmup_steps else "sampling"
         for chain in chains:
-            record = (chain, state.step, phase, self._nonfinite_sites(energy[chain], grad[chain], position[chain]))
-            self.divergence_log.append(record)
+            what = self._nonfinite_sites(energy[chain], grad[chain], position[chain])
+            if what is None:  # finite: the potential jumped past the chain's threshold (kernels/warmup.py)
+                jump = float(energy[chain] - state.potential[chain])
+                what = f"a jump of the potential by {jump:.4g} (threshold {float(self._jump_threshold[chain]):.4g})"
+            else:
+                what = "non-finite " + what
+            self.divergence_log.append((chain, state.step, phase, what))
         if chains and self.on_divergence == "raise":
-            chain, step, phase, sites = self.divergence_log[-len(chains)]
+            chain, step, phase, what = self.divergence_log[-len(chains)]
             raise DivergenceError(
-                f"{type(self).__name__}: non-finite {sites} at step {step} ({phase}) in chain(s) {chains}; "
-                "reduce step_size, or pass on_divergence='restart' or 'freeze' to record it and continue"
+                f"{type(self).__name__}: {what} at step {step} ({phase}) in chain(s) {chains}; reduce step_size "
+                "(or leave adapt_step_size=True), or pass on_divergence='restart' or 'freeze' to record it and "
+                "continue"
             )
         if state.step >= self._warmup_steps:
             for chain in chains:
@@ -684,8 +906,9 @@ class SGMCMCKernel(MCMCKernel):
             state.step + 1,
         )
 
-    def _nonfinite_sites(self, energy: torch.Tensor, grad: torch.Tensor, position: torch.Tensor) -> str:
-        """Name what went wrong: 'potential energy' and/or the sites with non-finite position or gradient."""
+    def _nonfinite_sites(self, energy: torch.Tensor, grad: torch.Tensor, position: torch.Tensor) -> Optional[str]:
+        """Name what is not finite: 'potential energy' and/or the sites with non-finite position or gradient
+        (``None`` if everything is finite)."""
         parts = []
         if not bool(torch.isfinite(energy)):
             parts.append("potential energy")
@@ -697,12 +920,19 @@ class SGMCMCKernel(MCMCKernel):
                 bad.append("gradient")
             if bad:
                 parts.append(f"{' and '.join(bad)} of site {site.name!r}")
-        return ", ".join(parts) or "values"
+        return ", ".join(parts) or None
 
 
-def _mean(values: torch.Tensor) -> float:
-    """The mean of a tensor as a float (one chain: its value, without a reduction)."""
+def _mean(values: Union[float, torch.Tensor]) -> float:
+    """The mean of a tensor as a float (one chain: its value, without a reduction); a number as it is."""
+    if not torch.is_tensor(values):
+        return float(values)
     return float(values) if values.numel() == 1 else float(values.mean())
+
+
+def _chain_value(values: Union[float, torch.Tensor], chain: int) -> float:
+    """Chain ``chain``'s entry of a per-chain tensor ``(C, ...)``, or the number shared by all chains."""
+    return float(values[chain]) if torch.is_tensor(values) else float(values)
 
 
 def _as_real(value, name: str) -> float:
@@ -738,6 +968,8 @@ def _choice(value, name: str, accepted) -> str:
 def _start_at_centre(value, control_variate) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"start_at_centre must be True or False; got {value!r}")
-    if value and control_variate is None:
-        raise ValueError("start_at_centre=True needs a control_variate (the centre is where the chains start)")
+    if value and (control_variate is None or control_variate == "auto"):
+        raise ValueError(
+            "start_at_centre=True needs control_variate='map' or a dict (the centre is where the chains start)"
+        )
     return value

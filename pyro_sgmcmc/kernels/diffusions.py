@@ -9,7 +9,8 @@ All three rules discretise the tempered SDE of the seed paper (Duffield et al.,
 whose stationary distribution is :math:`\\pi(z)^{1/T}`. ``drift`` below is always the
 *normalised* drift :math:`N^{-1} \\nabla \\log \\pi` (minus the gradient of the potential,
 divided by N), ``step_size`` is :math:`\\epsilon` and ``noise_temperature`` is
-:math:`\\mathcal{T} = T / N`. ``noise`` is a standard normal draw of the position's shape,
+:math:`\\mathcal{T} = T / N`. ``step_size`` is a number, or a tensor of shape ``(..., 1)`` (one
+step size per chain, as the warmup adapts them). ``noise`` is a standard normal draw of the position's shape,
 or ``None`` when :math:`\\mathcal{T} = 0` (no noise is drawn at all). ``drift_scale`` multiplies
 ``drift``: a kernel passes the potential's gradient with ``drift_scale = -1/N``, which folds the
 normalisation into the update's one pass instead of making a scaled copy of the gradient first. ``out``
@@ -51,7 +52,7 @@ def langevin_step(
     # fused: each line is one pass over the new tensor (the inputs are never modified)
     new_position = _add_scaled(position, drift, step_size * drift_scale, _checked_out(out, position, "position"))
     if noise is not None:
-        _add_scaled_(new_position, noise, math.sqrt(2.0 * step_size * noise_temperature))
+        _add_scaled_(new_position, noise, _sqrt(2.0 * step_size * noise_temperature))
     return new_position
 
 
@@ -80,7 +81,7 @@ def underdamped_step(
     :math:`N^{-1} U` step for step, with PyTorch's momentum buffer equal to :math:`-m`.
     """
     decay = 1.0 - step_size * friction / mass
-    noise_scale = math.sqrt(2.0 * step_size * noise_temperature * friction)
+    noise_scale = _sqrt(2.0 * step_size * noise_temperature * friction)
     return _kick_then_move(
         position, momentum, decay, drift, step_size * drift_scale, noise, noise_scale, step_size / mass, out
     )
@@ -115,13 +116,14 @@ def nose_hoover_step(
     """
     # the thermostat's friction: a per-chain decay 1 - eps xi / sigma^2, shape (..., 1)
     decay = 1.0 - (step_size / mass) * thermostat.unsqueeze(-1)
-    noise_scale = math.sqrt(2.0 * step_size * noise_temperature * diffusion)
+    noise_scale = _sqrt(2.0 * step_size * noise_temperature * diffusion)
     new_position, new_momentum = _kick_then_move(
         position, momentum, decay, drift, step_size * drift_scale, noise, noise_scale, step_size / mass, out
     )
     # m' . m' per chain as a batched dot product: no chain-sized temporary
     kinetic_temperature = torch.einsum("...i,...i->...", new_momentum, new_momentum) / (mass * position.shape[-1])
-    new_thermostat = thermostat + step_size * (kinetic_temperature - noise_temperature)
+    per_chain = step_size.squeeze(-1) if torch.is_tensor(step_size) else step_size
+    new_thermostat = thermostat + per_chain * (kinetic_temperature - noise_temperature)
     return new_position, new_momentum, new_thermostat
 
 
@@ -168,7 +170,9 @@ def _add_scaled(
 ) -> torch.Tensor:
     """``base + alpha * other`` as a new tensor (or written into ``out``, a tensor no one else holds), in
     one pass (an ``alpha`` beyond the dtype's range, which ``torch.add`` refuses, takes the two-pass form
-    and overflows to inf as plain arithmetic does)."""
+    and overflows to inf as plain arithmetic does). A tensor ``alpha`` (per-chain ``(C, 1)``) broadcasts."""
+    if torch.is_tensor(alpha):
+        return torch.addcmul(base, other, alpha) if out is None else torch.addcmul(base, other, alpha, out=out)
     if math.isfinite(alpha) and abs(alpha) > torch.finfo(base.dtype).max:
         result = base + alpha * other
         return result if out is None else out.copy_(result)
@@ -177,9 +181,16 @@ def _add_scaled(
 
 def _add_scaled_(out: torch.Tensor, other: torch.Tensor, alpha: float) -> torch.Tensor:
     """``out += alpha * other`` in place (``out`` is a tensor made by the caller), as :func:`_add_scaled`."""
+    if torch.is_tensor(alpha):
+        return out.addcmul_(other, alpha)
     if math.isfinite(alpha) and abs(alpha) > torch.finfo(out.dtype).max:
         return out.add_(alpha * other)
     return out.add_(other, alpha=alpha)
+
+
+def _sqrt(value):
+    """``sqrt`` of a number or, elementwise, of a tensor (per-chain step sizes)."""
+    return value.sqrt() if torch.is_tensor(value) else math.sqrt(value)
 
 
 def kinetic_energy(momentum: torch.Tensor, mass: float) -> torch.Tensor:

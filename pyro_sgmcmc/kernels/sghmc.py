@@ -37,7 +37,7 @@ class SGHMC(SGMCMCKernel):
     ----------
     model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
         As for :class:`~pyro_sgmcmc.SGLD`.
-    adapt_mass_matrix, full_mass, control_variate, start_at_centre :
+    adapt_step_size, adapt_mass_matrix, full_mass, control_variate, start_at_centre :
         As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
         ``friction``) are in preconditioned units.
     friction : float
@@ -80,9 +80,10 @@ class SGHMC(SGMCMCKernel):
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
         *,
-        adapt_mass_matrix: bool = False,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool = True,
         full_mass: Optional[bool] = None,
-        control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
+        control_variate: Union[None, str, Dict[str, torch.Tensor]] = "auto",
         start_at_centre: bool = False,
         jit_compile: JitMode = "auto",
     ) -> None:
@@ -93,6 +94,7 @@ class SGHMC(SGMCMCKernel):
             num_data,
             init_strategy,
             on_divergence,
+            adapt_step_size=adapt_step_size,
             adapt_mass_matrix=adapt_mass_matrix,
             full_mass=full_mass,
             control_variate=control_variate,

@@ -40,8 +40,9 @@ class SGLD(SGMCMCKernel):
     step_size : float, Schedule, callable or None
         :math:`\\epsilon`, positive: a float (constant), a :class:`~pyro_sgmcmc.Constant` or
         :class:`~pyro_sgmcmc.RobbinsMonro` schedule, or any ``t -> float`` with ``t`` the chain's
-        step counter (warmup included). ``None`` (default): 1e-3, or with ``adapt_mass_matrix``
-        the adapted step size.
+        step counter (warmup included; a schedule needs ``adapt_step_size=False``). ``None``
+        (default): 1e-3. With ``adapt_step_size`` (default) it is only the initial value: the warmup
+        derives one step size per chain (:doc:`/preconditioning`).
     temperature : float
         :math:`T \\ge 0`. Default 1.
     num_data : int, optional
@@ -55,23 +56,30 @@ class SGLD(SGMCMCKernel):
         with zero momentum and go on (``"restart"``, default), stop that chain for the rest of the
         run (``"freeze"``), or raise :class:`~pyro_sgmcmc.DivergenceError` naming the step, the
         chain and the sites (``"raise"``). Other chains are never affected.
+    adapt_step_size : bool
+        Pyro's name and default (True): with ``temperature > 0`` and ``warmup_steps >= 20`` the warmup first
+        brings every chain to the posterior's bulk from wherever its init puts it (a sign-based descent,
+        the first 25 % of warmup), then derives each chain's step size from its preconditioned curvature
+        and gradient noise, halving it after a divergence (see :mod:`pyro_sgmcmc.kernels.warmup` and
+        :doc:`/preconditioning`). False: the fixed ``step_size`` (or schedule) throughout.
     adapt_mass_matrix : bool
-        Pyro's name: precondition the dynamics with a mass matrix adapted during warmup from the
-        curvature at each chain's own draws, then frozen, so sampling targets the exact tempered
-        posterior (see :mod:`pyro_sgmcmc.kernels.preconditioning` and :doc:`/preconditioning`).
+        Pyro's name and default (True): precondition the dynamics with a mass matrix adapted per chain
+        during warmup from the regularised curvature at the chain's own draws, then frozen, so sampling
+        targets the exact tempered posterior (see :mod:`pyro_sgmcmc.kernels.preconditioning`). A
         ``step_size`` is then in *preconditioned units* (normalised curvature about 1 in every
-        direction), and when it is ``None`` a step size is derived from the adapted curvature and
-        the gradient noise. Needs ``temperature > 0``. Default False.
+        direction). Nothing is adapted at ``temperature=0`` (the kernel is then an optimiser).
     full_mass : bool or None
         Dense (True) or diagonal (False) mass matrix; ``None`` (default): dense when the model has
         at most 64 unconstrained numbers (``O(dim^2)`` per step), diagonal otherwise. Only with
         ``adapt_mass_matrix=True``.
-    control_variate : None, "map" or dict
+    control_variate : "auto", None, "map" or dict
         Control-variate gradients (SGLD-CV, Baker et al. 2019): each step's minibatch gradient is
         centred at a fixed point whose full-data gradient is computed once, in chunks, at set-up;
         ``"map"`` finds that point by L-BFGS on the full data, a dict gives it (constrained values
         of every latent site). Unbiased; lower gradient noise near the centre; one extra minibatch
-        evaluation per step. Needs one subsampled plate. See
+        evaluation per step. Needs one subsampled plate. ``"auto"`` (default): ``"map"`` from the end
+        of the warmup's approach when the model has one subsampled plate with ``N >= 10 B`` and an
+        adaptation flag is on, otherwise none; ``None``: never. See
         :mod:`pyro_sgmcmc.kernels.control_variates`.
     start_at_centre : bool
         Start every chain at the control variate's centre (the MAP with ``"map"``), as Baker et al.
@@ -116,9 +124,10 @@ class SGLD(SGMCMCKernel):
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
         *,
-        adapt_mass_matrix: bool = False,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool = True,
         full_mass: Optional[bool] = None,
-        control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
+        control_variate: Union[None, str, Dict[str, torch.Tensor]] = "auto",
         start_at_centre: bool = False,
         jit_compile: JitMode = "auto",
     ) -> None:
@@ -129,6 +138,7 @@ class SGLD(SGMCMCKernel):
             num_data,
             init_strategy,
             on_divergence,
+            adapt_step_size=adapt_step_size,
             adapt_mass_matrix=adapt_mass_matrix,
             full_mass=full_mass,
             control_variate=control_variate,

@@ -40,7 +40,7 @@ class SGNHT(SGMCMCKernel):
     ----------
     model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
         As for :class:`~pyro_sgmcmc.SGLD`.
-    adapt_mass_matrix, full_mass, control_variate, start_at_centre :
+    adapt_step_size, adapt_mass_matrix, full_mass, control_variate, start_at_centre :
         As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
         ``diffusion``) are in preconditioned units.
     diffusion : float
@@ -82,9 +82,10 @@ class SGNHT(SGMCMCKernel):
         init_strategy: Callable = init_to_uniform,
         on_divergence: str = "restart",
         *,
-        adapt_mass_matrix: bool = False,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool = True,
         full_mass: Optional[bool] = None,
-        control_variate: Union[None, str, Dict[str, torch.Tensor]] = None,
+        control_variate: Union[None, str, Dict[str, torch.Tensor]] = "auto",
         start_at_centre: bool = False,
         jit_compile: JitMode = "auto",
     ) -> None:
@@ -95,6 +96,7 @@ class SGNHT(SGMCMCKernel):
             num_data,
             init_strategy,
             on_divergence,
+            adapt_step_size=adapt_step_size,
             adapt_mass_matrix=adapt_mass_matrix,
             full_mass=full_mass,
             control_variate=control_variate,

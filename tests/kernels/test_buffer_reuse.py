@@ -90,7 +90,7 @@ def test_a_pyro_mcmc_run_with_reuse_gives_the_same_draws():
     """pyro.infer.MCMC holds the previous step's site values while the kernel steps."""
     draws = []
     for min_bytes in (0, NEVER):
-        kernel = SGHMC(_model, step_size=0.01)
+        kernel = SGHMC(_model, step_size=0.01, adapt_step_size=False, adapt_mass_matrix=False)
         kernel.RECYCLE_MIN_BYTES = min_bytes
         pyro.set_rng_seed(3)
         mcmc = pyro.infer.MCMC(kernel, num_samples=15, warmup_steps=5, disable_progbar=True)
@@ -105,7 +105,7 @@ def test_vectorised_mcmc_with_a_hook_that_keeps_values_gives_the_same_draws():
     results = []
     for min_bytes in (0, NEVER):
         kept = []
-        kernel = SGHMC(_model, step_size=0.01)
+        kernel = SGHMC(_model, step_size=0.01, adapt_step_size=False, adapt_mass_matrix=False)
         kernel.RECYCLE_MIN_BYTES = min_bytes
         mcmc = MCMC(
             kernel, num_samples=10, warmup_steps=3, num_chains=4, chain_method="vectorized", seed=2,

@@ -151,7 +151,7 @@ def test_start_at_centre_starts_every_chain_at_the_map(kernel_cls):
 
 def test_start_at_centre_bad_input():
     model, *_ = make_problem(100, 10)
-    with pytest.raises(ValueError, match="start_at_centre=True needs a control_variate"):
+    with pytest.raises(ValueError, match="start_at_centre=True needs control_variate='map' or a dict"):
         SGHMC(model, start_at_centre=True)
     with pytest.raises(TypeError, match="start_at_centre must be True or False"):
         SGLD(model, control_variate="map", start_at_centre=1)

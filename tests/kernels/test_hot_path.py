@@ -50,8 +50,10 @@ def test_divergence_count_survives_a_checkpoint():
     kernel = SGLD(_model, step_size=1e-3)
     y = torch.randn(20)
     kernel.setup_chains(0, (y,), {}, num_chains=2, seed=0)
+    energy = kernel.state.potential.clone()
+    energy[1] = float("nan")  # chain 1's new point has a non-finite potential: a divergence
     kernel._reject_divergent(
-        kernel.state, torch.tensor([True, False]), *kernel.state[:2], None, kernel.state.potential, kernel.state.grad
+        kernel.state, torch.tensor([True, False]), *kernel.state[:2], None, energy, kernel.state.grad
     )
     saved = kernel.state_dict()
     other = SGLD(_model, step_size=1e-3)

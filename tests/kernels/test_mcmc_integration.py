@@ -102,7 +102,7 @@ def test_divergence_can_raise_naming_the_step():
 def test_schedule_counter_belongs_to_each_chain():
     x, y = _data()
     schedule = RobbinsMonro(a=0.01, b=10.0, gamma=0.6)
-    kernel = SGHMC(regression_model, step_size=schedule)
+    kernel = SGHMC(regression_model, step_size=schedule, adapt_step_size=False, adapt_mass_matrix=False)
     MCMC(kernel, num_samples=7, warmup_steps=3, num_chains=2, disable_progbar=True).run(x, y)
     # the second chain restarted its counter: its last step used t = 9, not 19
     assert kernel.state.step == 10
@@ -133,7 +133,8 @@ def test_logging_and_last_stats():
     kernel = SGNHT(regression_model, step_size=1e-3)
     kernel.setup(0, x, y)
     kernel.sample(kernel.initial_params)
-    assert list(kernel.logging()) == ["step size", "lp", "div"]
+    assert list(kernel.logging()) == ["phase", "step size", "lp", "div"]
+    assert kernel.logging()["phase"] == "sampling"  # no warmup: sampling from the first step
     assert set(kernel.last_stats) == {
         "lp",
         "step_size",

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -56,17 +54,20 @@ def test_preconditioned_update_is_exact(kernel_cls, full_mass):
     """One step equals the documented preconditioned rule with the same noise draw:
     SGLD ``z' = z + eps P a + sqrt(2 eps T / N) L zeta``; SGHMC
     ``m' = (1 - eps alpha / s2) m + eps L^T a + sqrt(2 eps alpha T / N) zeta``, ``z' = z + eps L m' / s2``,
-    with ``a`` the normalised drift and ``P = L L^T``."""
+    with ``a`` the normalised drift, ``P = L L^T`` and ``eps`` the chain's own adapted step size. Warmup of 40
+    steps: 10 of approach (no dynamics), then the preconditioned update, checked at its second step."""
     x, y = regression_data()
     kernel = kernel_cls(regression_model, adapt_mass_matrix=True, full_mass=full_mass, temperature=0.7)
-    kernel.setup_chains(10, (x, y), num_chains=3, seed=4)
-    for _ in range(3):
+    kernel.setup_chains(40, (x, y), num_chains=3, seed=4)
+    for _ in range(11):
         kernel.step()
     state, factor = kernel.state, kernel._adaptation.factor
     streams = ChainGenerators(kernel.generators.seed, kernel.generators.chain_ids)
     streams.set_state(kernel.generators.get_state())
     zeta = streams.normal(state.position.shape[1:], state.position.dtype)
-    eps, n = kernel.step_size(state.step), kernel.potential.num_data
+    assert kernel.phase == "adaptation"
+    eps, n = kernel._chain_step_size.clone(), kernel.potential.num_data  # (C, 1): one step size per chain
+    assert eps.shape == (3, 1)
     calt = kernel.temperature / n
     drift = -state.grad / n
     lower = factor if full_mass else torch.diag_embed(factor)
@@ -74,11 +75,11 @@ def test_preconditioned_update_is_exact(kernel_cls, full_mass):
     if kernel_cls is SGLD:
         pre = lower @ lower.transpose(-1, -2)
         expected = state.position + eps * (pre @ drift.unsqueeze(-1)).squeeze(-1)
-        expected = expected + math.sqrt(2 * eps * calt) * (lower @ zeta.unsqueeze(-1)).squeeze(-1)
+        expected = expected + torch.sqrt(2 * eps * calt) * (lower @ zeta.unsqueeze(-1)).squeeze(-1)
     else:
         alpha, mass = kernel.friction, kernel.mass
         drift_w = (lower.transpose(-1, -2) @ drift.unsqueeze(-1)).squeeze(-1)
-        momentum = (1 - eps * alpha / mass) * state.momentum + eps * drift_w + math.sqrt(2 * eps * calt * alpha) * zeta
+        momentum = (1 - eps * alpha / mass) * state.momentum + eps * drift_w + torch.sqrt(2 * eps * calt * alpha) * zeta
         expected = state.position + eps / mass * (lower @ momentum.unsqueeze(-1)).squeeze(-1)
         assert torch.allclose(new.momentum, momentum, rtol=1e-10, atol=1e-12)
     assert torch.allclose(new.position, expected, rtol=1e-10, atol=1e-12)
@@ -102,7 +103,8 @@ def test_mass_matrix_adapts_per_chain_in_warmup_and_is_frozen_for_sampling():
     seen = []
 
     def hook(kernel, params, stage, t):
-        seen.append((stage, kernel.inverse_mass_matrix.clone(), kernel.step_size(0)))
+        if kernel.phase != "approach":  # the approach (first 25 % of warmup) has no metric yet
+            seen.append((stage, kernel.inverse_mass_matrix.clone(), kernel._chain_step_size.clone()))
 
     fit = torch.linalg.lstsq(x, y.unsqueeze(-1)).solution.squeeze(-1)  # start at the data's fit (not far out)
     start = init_to_value(values={"w": fit, "sigma": (y - x @ fit).std()})
@@ -113,7 +115,8 @@ def test_mass_matrix_adapts_per_chain_in_warmup_and_is_frozen_for_sampling():
     warm = [m for stage, m, _ in seen if stage == "Warmup"]
     sampling = [(m, e) for stage, m, e in seen if stage == "Sample"]
     assert any(not torch.equal(warm[0], m) for m in warm)  # adapted during warmup
-    assert all(torch.equal(sampling[0][0], m) and sampling[0][1] == e for m, e in sampling)  # then frozen
+    assert all(torch.equal(sampling[0][0], m) and torch.equal(sampling[0][1], e) for m, e in sampling)  # then frozen
+    assert sampling[0][1].shape == (3, 1)  # one step size per chain
     final = sampling[0][0]
     assert final.shape == (3, 4) and not torch.equal(final[0], final[1])  # one per chain, from its own draws
     # the adapted metric is the posterior scale: sd of the coefficients differ by about 300x (covariate sds)
@@ -182,10 +185,15 @@ def test_badly_scaled_gaussian_with_default_settings(kernel_cls):
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="temperature > 0"):
-        SGLD(gaussian_model, adapt_mass_matrix=True, temperature=0.0)
+    # adapt_mass_matrix=True at T = 0 is no error: nothing is adapted, the kernel optimises with the given step
+    kernel = SGLD(gaussian_model, step_size=1e-3, adapt_mass_matrix=True, temperature=0.0)
+    assert not kernel.adapts
+    kernel.setup_chains(10, (), num_chains=2, seed=0)
+    for _ in range(10):
+        kernel.step()
+    assert kernel.inverse_mass_matrix is None and kernel.last_stats["step_size"].tolist() == [1e-3, 1e-3]
     with pytest.raises(ValueError, match="needs adapt_mass_matrix=True"):
-        SGHMC(gaussian_model, full_mass=True)
+        SGHMC(gaussian_model, adapt_mass_matrix=False, full_mass=True)  # adapt_mass_matrix=True is the default
     with pytest.raises(TypeError, match="adapt_mass_matrix must be True or False"):
         SGNHT(gaussian_model, adapt_mass_matrix="yes")
     with pytest.raises(TypeError, match="full_mass must be"):
