@@ -8,7 +8,16 @@ inside :class:`pyro.infer.MCMC` on models with subsampled plates, and :class:`MC
 from .allocation import retain_freed_cpu_memory
 from .diagnostics import nested_rhat, nested_rhat_threshold
 from .inference_data import to_inference_data
-from .kernels import SGHMC, SGLD, SGNHT, DivergenceError, DivergenceWarning, SGMCMCKernel, SGMCMCState
+from .kernels import (
+    SGHMC,
+    SGLD,
+    SGNHT,
+    DivergenceError,
+    DivergenceWarning,
+    SGMCMCKernel,
+    SGMCMCState,
+    SlowMixingWarning,
+)
 from .mcmc import MCMC
 from .potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
@@ -28,6 +37,7 @@ __all__ = [
     "SGMCMCState",
     "DivergenceError",
     "DivergenceWarning",
+    "SlowMixingWarning",
     "ModelPotential",
     "ModelError",
     "Schedule",

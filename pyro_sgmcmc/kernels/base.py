@@ -50,13 +50,14 @@ from .warmup import (
     AUTO_CONTROL_VARIATE_EPOCH,
     CONTROL_VARIATE_GAIN,
     MIN_ADAPTATION_WARMUP,
+    SLOW_MIXING_FRACTION,
     JumpMonitor,
     TypicalSetSearch,
     approach_length,
     gradient_variance,
 )
 
-__all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError", "DivergenceWarning"]
+__all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError", "DivergenceWarning", "SlowMixingWarning"]
 
 
 class DivergenceError(RuntimeError):
@@ -65,6 +66,10 @@ class DivergenceError(RuntimeError):
 
 class DivergenceWarning(RuntimeWarning):
     """Warned at the end of a run in which some step diverged."""
+
+
+class SlowMixingWarning(RuntimeWarning):
+    """Warned at the end of warmup when an adapted step size is too small for the chain to have mixed."""
 
 
 # torch's count of references to a storage (tensors, views, storage objects); private, so optional
@@ -462,7 +467,40 @@ class SGMCMCKernel(MCMCKernel):
             self._jump_threshold = jumps.running_threshold()
         if state.step == self._warmup_steps:
             self._jump_threshold = jumps.threshold()
+            if self._adaptation is not None:
+                self._warn_slow_mixing()
             self._freeze_step_size()
+
+    def _warn_slow_mixing(self) -> None:
+        """Warn when an adapted step is so small that a chain needs more steps to forget its state than the
+        adaptation phase had: it has probably not reached the posterior, and will mix slowly while sampling.
+
+        One relaxation time of the preconditioned dynamics (normalised curvature about 1) is about
+        :math:`2 / (\\epsilon \\alpha)` steps for SGHMC and SGNHT (friction / diffusion :math:`\\alpha`) and
+        :math:`1 / \\epsilon` for SGLD; the warning is given when it exceeds ``SLOW_MIXING_FRACTION`` of the
+        adaptation phase. The usual cause is gradient noise (a small minibatch of many data): a larger
+        ``subsample_size`` or ``control_variate="map"`` helps."""
+        step_size = self._chain_step_size
+        if step_size is None:
+            return
+        damping = (
+            getattr(self, "friction", getattr(self, "diffusion", None)) if self.state.momentum is not None else None
+        )
+        per_chain = torch.as_tensor(step_size).reshape(-1).double()
+        relaxation = 2.0 / (per_chain * damping) if damping else 1.0 / per_chain
+        limit = SLOW_MIXING_FRACTION * self._adaptation.warmup_steps
+        slow = (relaxation > limit).nonzero().flatten().tolist()
+        if slow:
+            worst = float(relaxation.max())
+            warnings.warn(
+                f"{type(self).__name__}: the adapted step size of chain(s) {slow[:8]} is at most "
+                f"{float(per_chain.min()):.3g}, so a chain needs about {worst:.3g} steps to forget its state, more "
+                f"than {SLOW_MIXING_FRACTION:g} of the {self._adaptation.warmup_steps} adaptation steps: it has "
+                "probably not reached the posterior and will mix slowly. Usually the minibatch gradient noise "
+                "limits the step: a larger subsample_size, control_variate='map', or a longer warmup will help.",
+                SlowMixingWarning,
+                stacklevel=3,
+            )
 
     def _freeze_step_size(self) -> None:
         """After warmup one chain's adapted step size becomes a number: the update's scalar (fused) path."""

@@ -61,6 +61,7 @@ __all__ = [
     "APPROACH_FRACTION",
     "AUTO_CONTROL_VARIATE_EPOCH",
     "CONTROL_VARIATE_GAIN",
+    "SLOW_MIXING_FRACTION",
     "gradient_variance",
     "MIN_ADAPTATION_WARMUP",
     "MAX_DELTA_ENERGY",
@@ -88,6 +89,9 @@ MIN_ADAPTATION_WARMUP = 20
 #: ``control_variate="auto"`` keeps its candidate if it multiplies the gradient variance by less than this.
 CONTROL_VARIATE_GAIN = 0.4
 _NOISE_MINIBATCHES = 8
+#: A warning is given when a chain's relaxation time (in steps) under its adapted step exceeds this fraction
+#: of the adaptation phase (``SGMCMCKernel._warn_slow_mixing``).
+SLOW_MIXING_FRACTION = 0.2
 #: Fewest warmup steps from which the jump threshold is measured; below, only non-finite steps diverge.
 MIN_JUMP_STEPS = 20
 
