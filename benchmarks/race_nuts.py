@@ -23,9 +23,10 @@ Contenders, all from Pyro's default initialisation (``init_to_uniform``), one ch
 
 * ``NUTS``: ``pyro.infer.NUTS(model)`` on defaults (no JIT, diagonal mass matrix, Pyro's adaptation), full
   data;
-* ``SGHMC``: ``SGHMC(model)`` on defaults: the three-phase warmup (Adam approach, then per-chain adaptation
-  of the mass matrix and step size) and ``control_variate="auto"`` (here: N >= 10 B, so the gradients are
-  centred at the full-data MAP, found by L-BFGS after the approach, inside the timed run);
+* ``SGHMC``: ``SGHMC(model)`` on defaults: the three-phase warmup (an approach from the initial point by
+  sign-based descent, then per-chain adaptation of the mass matrix and step size) and
+  ``control_variate="auto"`` (here: N >= 10 B, so the gradients are centred at the full-data MAP, found by
+  L-BFGS after the approach and kept where it lowers the gradient noise, inside the timed run);
 * ``SGHMC, CV from set-up``: ``SGHMC(model, control_variate="map")``: the MAP is searched at set-up, from
   the initial point, and the approach already runs on centred gradients;
 * ``SGHMC, no CV``: ``SGHMC(model, control_variate=None)``: plain minibatch gradients.
@@ -50,7 +51,7 @@ reason.
 
 Run::
 
-    python benchmarks/race_nuts.py            # the full race; about 1.5 hours on a 2-core machine
+    python benchmarks/race_nuts.py            # the full race; about an hour on a 2-core machine
     python benchmarks/race_nuts.py --tiny     # N = 2e4, short budgets: under a minute (smoke test)
 
 Writes ``benchmarks/race_nuts_results.json`` (``--out``).
