@@ -72,6 +72,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from .warmup import NOISE_MINIBATCHES, minibatch_gradients
+
 __all__ = ["MassMatrixAdaptation", "adaptation_schedule", "DENSE_MAX_DIM"]
 
 #: ``full_mass=None`` chooses a dense mass matrix up to this dimension (O(dim^2) per step and chain).
@@ -94,7 +96,6 @@ _POWER_ITERATIONS = 12
 STEP_CONSTANTS = {"first_order": 0.1, "second_order": 0.4, "thermostat": 0.1}
 #: Largest accepted relative inflation of the stationary variance by gradient noise.
 NOISE_INFLATION = 0.1
-_NOISE_MINIBATCHES = 8
 
 
 def adaptation_schedule(warmup_steps: int, num_probes: int = 8) -> Tuple[List[int], List[int]]:
@@ -426,6 +427,7 @@ class MassMatrixAdaptation:
         """Per-coordinate variance ``(C, D)`` of the minibatch drift in w units, averaged over every point of
         the chain measured so far (kept in z units, so that it survives changes of the metric)."""
         measured = _drift_noise_covariance(kernel, position)
+        self.num_extra_evaluations += NOISE_MINIBATCHES
         self.noise_sum = measured if self.noise_sum is None else self.noise_sum + measured
         self.noise_count += 1
         mean = self.noise_sum / self.noise_count
@@ -459,22 +461,18 @@ def _noise_damping(kernel) -> float:
 
 
 def _drift_noise_covariance(kernel, position: torch.Tensor) -> torch.Tensor:
-    """Covariance of the minibatch drift ``grad U / N`` in z units from ``_NOISE_MINIBATCHES`` minibatches at
+    """Covariance of the minibatch drift ``grad U / N`` in z units from ``NOISE_MINIBATCHES`` minibatches at
     the chains' points: ``(C, D, D)`` for ``dim <= 64``, else its diagonal ``(C, D)`` (0 for a full batch)."""
     C, D = position.shape
     dense = D <= _EXACT_DIAGONAL_MAX_DIM
     if not kernel.minibatches.plates:
         return position.new_zeros((C, D, D) if dense else (C, D))
-    drifts = (
-        torch.stack([kernel._evaluate(position, kernel.minibatches.next())[1] for _ in range(_NOISE_MINIBATCHES)])
-        / kernel.potential.num_data
-    )  # (K, C, D)
-    kernel._adaptation.num_extra_evaluations += _NOISE_MINIBATCHES
-    centred = drifts - drifts.mean(0)
+    drifts = minibatch_gradients(kernel._evaluate, position, kernel.minibatches) / kernel.potential.num_data
+    centred = drifts - drifts.mean(0)  # (K, C, D)
     if dense:
-        covariance = torch.einsum("kci,kcj->cij", centred, centred) / (_NOISE_MINIBATCHES - 1)
+        covariance = torch.einsum("kci,kcj->cij", centred, centred) / (NOISE_MINIBATCHES - 1)
     else:
-        covariance = (centred * centred).sum(0) / (_NOISE_MINIBATCHES - 1)
+        covariance = (centred * centred).sum(0) / (NOISE_MINIBATCHES - 1)
     return torch.where(torch.isfinite(covariance), covariance, torch.zeros_like(covariance))
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "CONTROL_VARIATE_GAIN",
     "SLOW_MIXING_FRACTION",
     "gradient_variance",
+    "minibatch_gradients",
     "MIN_ADAPTATION_WARMUP",
     "MAX_DELTA_ENERGY",
     "TypicalSetSearch",
@@ -88,7 +89,8 @@ AUTO_CONTROL_VARIATE_EPOCH = 10
 MIN_ADAPTATION_WARMUP = 20
 #: ``control_variate="auto"`` keeps its candidate if it multiplies the gradient variance by less than this.
 CONTROL_VARIATE_GAIN = 0.4
-_NOISE_MINIBATCHES = 8
+#: Minibatches per measurement of the gradient noise (warmup only).
+NOISE_MINIBATCHES = 8
 #: A warning is given when a chain's relaxation time (in steps) under its adapted step exceeds this fraction
 #: of the adaptation phase (``SGMCMCKernel._warn_slow_mixing``).
 SLOW_MIXING_FRACTION = 0.2
@@ -206,8 +208,12 @@ class JumpMonitor:
         self.running_count = saved["running_count"]
 
 
+def minibatch_gradients(evaluate, position: torch.Tensor, minibatches, count: int = NOISE_MINIBATCHES) -> torch.Tensor:
+    """``(count, C, D)``: the minibatch gradients at ``position`` on ``count`` successive minibatches."""
+    return torch.stack([evaluate(position, minibatches.next())[1] for _ in range(count)])
+
+
 def gradient_variance(evaluate, position: torch.Tensor, minibatches) -> torch.Tensor:
     """Per-coordinate variance ``(C, D)`` of the minibatch gradient at ``position`` over a few minibatches."""
-    grads = torch.stack([evaluate(position, minibatches.next())[1] for _ in range(_NOISE_MINIBATCHES)])
-    variance = grads.var(0)
+    variance = minibatch_gradients(evaluate, position, minibatches).var(0)
     return torch.where(torch.isfinite(variance), variance, torch.zeros_like(variance))

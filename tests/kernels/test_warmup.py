@@ -30,6 +30,22 @@ def _gaussian_mean_model(y: torch.Tensor, batch: int):
     return model
 
 
+def _raw_regression(num_data: int, batch: int):
+    """``y = w x + noise`` with a raw covariate of sd 100 (true w = 1, posterior sd about 1e-3 / sqrt(N / 100)),
+    ``w ~ N(0, 10)``, ``sigma ~ HalfNormal(10)``, minibatches of ``batch``."""
+    torch.manual_seed(1)
+    x = 100.0 * torch.randn(num_data, dtype=torch.float64)
+    y = x + torch.randn(num_data, dtype=torch.float64)
+
+    def model():
+        w = pyro.sample("w", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 10.0))
+        sigma = pyro.sample("sigma", dist.HalfNormal(torch.tensor(10.0, dtype=torch.float64)))
+        with pyro.plate("data", num_data, subsample_size=batch) as idx:
+            pyro.sample("y", dist.Normal(w * x[idx], sigma), obs=y[idx])
+
+    return model
+
+
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_approach_brings_a_far_start_to_the_mode(name, float64):
     """From 0 to a posterior at 300 (3,000 posterior sds away; a plain SGLD step of 1e-3 would need about
@@ -126,15 +142,7 @@ def test_a_huge_initial_step_size_is_adapted_away(float64):
     """``SGHMC(model, step_size=50.0)`` on a regression with raw covariates (sd 100): the initial step is only
     the starting value; the adapted chain's draws are sane (the posterior mean of the coefficient, 1, is
     within 1e-2: its posterior sd is 1e-3)."""
-    torch.manual_seed(1)
-    x = 100.0 * torch.randn(100, dtype=torch.float64)
-    y = x + torch.randn(100, dtype=torch.float64)
-
-    def model():
-        w = pyro.sample("w", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 10.0))
-        sigma = pyro.sample("sigma", dist.HalfNormal(torch.tensor(10.0, dtype=torch.float64)))
-        with pyro.plate("data", 100, subsample_size=25) as idx:
-            pyro.sample("y", dist.Normal(w * x[idx], sigma), obs=y[idx])
+    model = _raw_regression(100, 25)
 
     pyro.set_rng_seed(0)
     mcmc = MCMC(SGHMC(model, step_size=50.0), num_samples=500, warmup_steps=1000, disable_progbar=True)
@@ -187,15 +195,7 @@ def test_a_step_too_small_to_mix_is_loud(float64):
     to forget its state, more than a fifth of the 300 adaptation steps: the run warns. With the default
     control variate (N / B = 200 >= 10) the noise near the mode is about N / B times smaller, the step is
     set by the curvature, and no warning is given."""
-    torch.manual_seed(1)
-    x = 100.0 * torch.randn(2000, dtype=torch.float64)
-    y = x + torch.randn(2000, dtype=torch.float64)
-
-    def model():
-        w = pyro.sample("w", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 10.0))
-        sigma = pyro.sample("sigma", dist.HalfNormal(torch.tensor(10.0, dtype=torch.float64)))
-        with pyro.plate("data", 2000, subsample_size=10) as idx:
-            pyro.sample("y", dist.Normal(w * x[idx], sigma), obs=y[idx])
+    model = _raw_regression(2000, 10)
 
     pyro.set_rng_seed(0)
     with pytest.warns(SlowMixingWarning, match="needs about"):
