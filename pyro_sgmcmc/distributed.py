@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import socket
 import tempfile
 import time
@@ -506,14 +507,41 @@ def launch(
             start_method="spawn",
         )
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not context.join(timeout=0.1):  # raises (after terminating the others) when a rank fails
-            if deadline is not None and time.monotonic() > deadline:
-                for process in context.processes:
-                    if process.is_alive():
-                        process.kill()
-                        process.join()
-                raise TimeoutError(f"launch: the {nprocs} processes did not finish in {timeout} s; killed them")
+        try:
+            while not context.join(timeout=0.1):  # raises (after terminating the others) when a rank fails
+                if deadline is not None and time.monotonic() > deadline:
+                    for process in context.processes:
+                        if process.is_alive():
+                            process.kill()
+                            process.join()
+                    raise TimeoutError(f"launch: the {nprocs} processes did not finish in {timeout} s; killed them")
+        except (torch.multiprocessing.ProcessRaisedException, torch.multiprocessing.ProcessExitedException) as raised:
+            raise _first_failure(context, Path(out), raised) from None
         return [torch.load(Path(out) / f"rank{rank}.pt", weights_only=False) for rank in range(nprocs)]
+
+
+def _first_failure(context, out: Path, raised: Exception) -> Exception:
+    """The exception of the rank that failed first, not of the first rank the OS reports dead.
+
+    When one rank raises, its peers waiting in a collective fail a moment later ("connection closed
+    by peer"); both processes may be dead by the time the launcher looks, and which one the OS
+    lists first is a race. Each rank stamps ``time.monotonic()`` (one clock for the whole machine)
+    when its function raises, before its sockets close, so the earliest stamp is the root cause.
+    """
+    stamps = {}
+    for rank in range(len(context.processes)):
+        stamp = out / f"failed{rank}"
+        if stamp.exists():
+            stamps[rank] = float(stamp.read_text())
+    if not stamps:
+        return raised
+    first = min(stamps, key=stamps.get)
+    if first == getattr(raised, "error_index", None) or not os.access(context.error_files[first], os.R_OK):
+        return raised
+    with open(context.error_files[first], "rb") as handle:
+        trace = pickle.load(handle)
+    message = f"\n\n-- Process {first:d} terminated with the following error:\n{trace}"
+    return torch.multiprocessing.ProcessRaisedException(message, first, context.processes[first].pid)
 
 
 def _launched(rank, fn, args, world_size, port, backend, num_threads, collective_timeout, out) -> None:
@@ -528,7 +556,11 @@ def _launched(rank, fn, args, world_size, port, backend, num_threads, collective
     )
     torch.set_num_threads(num_threads)
     init_distributed(backend, collective_timeout)
-    result = fn(*args)
+    try:
+        result = fn(*args)
+    except BaseException:
+        (Path(out) / f"failed{rank}").write_text(repr(time.monotonic()))  # see _first_failure
+        raise
     torch.save(result, Path(out) / f"rank{rank}.pt")
     dist.barrier()  # every rank is done before the group goes away
     dist.destroy_process_group()

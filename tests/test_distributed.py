@@ -419,6 +419,25 @@ def test_a_failing_rank_stops_the_run_with_its_error(launch_outcome):
     assert seconds < LAUNCH_TIMEOUT
 
 
+def root_cause_dies_last():
+    """Rank 1 raises first but lingers at exit; rank 0 raises a consequent error and dies first."""
+    import atexit
+
+    if torch.distributed.get_rank() == 1:
+        atexit.register(time.sleep, 2.0)  # its process outlives rank 0's
+        raise ValueError("rank 1 is the root cause")
+    time.sleep(0.5)
+    raise RuntimeError("rank 0 failed because its peer did")
+
+
+def test_launch_reports_the_rank_that_failed_first_not_the_first_to_exit():
+    # The OS sees rank 0's process end first; the launcher must still name rank 1, whose error
+    # came first (its stamp precedes rank 0's by the 0.5 s rank 0 sleeps).
+    with pytest.raises(ProcessRaisedException, match="rank 1 is the root cause") as raised:
+        launch(root_cause_dies_last, nprocs=2, timeout=LAUNCH_TIMEOUT)
+    assert raised.value.error_index == 1
+
+
 # ---------------------------------------------------------------------- no processes needed
 def test_rank_chain_ids_split_contiguously_and_cover_every_chain():
     for num_chains, world in [(6, 2), (7, 3), (5, 5), (100, 8)]:
