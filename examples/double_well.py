@@ -215,7 +215,9 @@ def dispersed_starts(num: int, generator: torch.Generator) -> torch.Tensor:
 
 
 def make_kernel(well: DoubleWell, args, temperature: float) -> SGHMC:
-    return SGHMC(  # the fixed step of the measured gallery figures (docs/gallery): no warmup adaptation
+    return SGHMC(
+        # the paper's protocol: every method (T = 0 ensembles, serial and parallel chains) at one fixed
+        # step, so they differ only in how they use it; on the package's defaults each run would adapt its own
         well.model, step_size=args.step_size, friction=args.friction, temperature=temperature, num_data=args.num_data,
         adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
     )  # fmt: skip

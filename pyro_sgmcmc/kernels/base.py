@@ -48,8 +48,11 @@ from .control_variates import ControlVariate
 from .preconditioning import DENSE_MAX_DIM, MassMatrixAdaptation
 from .warmup import (
     AUTO_CONTROL_VARIATE_EPOCH,
+    AUTO_MAP_ITERATIONS,
+    CENTRE_TOLERANCE,
     CONTROL_VARIATE_GAIN,
     MIN_ADAPTATION_WARMUP,
+    PRELIMINARY_MAP_ITERATIONS,
     SLOW_MIXING_FRACTION,
     JumpMonitor,
     TypicalSetSearch,
@@ -141,6 +144,18 @@ _INITIAL_MOMENTA = ("zero", "stationary")
 _ON_DIVERGENCE = ("restart", "freeze", "raise")
 
 
+_NUTS_ONLY_ARGUMENTS = {
+    "target_accept_prob": (
+        "there is no Metropolis acceptance step. With adapt_step_size=True (the default) the warmup sets each "
+        "chain's step from the curvature and the minibatch gradient noise (docs/preconditioning.rst); pass "
+        "step_size= with adapt_step_size=False for a fixed step."
+    ),
+    "max_tree_depth": "there are no trajectories to build: every step is one gradient evaluation.",
+    "trajectory_length": "there are no trajectories to build: every step is one gradient evaluation.",
+    "num_steps": "there are no trajectories to build: every step is one gradient evaluation.",
+}
+
+
 class SGMCMCKernel(MCMCKernel):
     """Base class of the stochastic-gradient kernels; see :class:`~pyro_sgmcmc.SGLD` for the arguments."""
 
@@ -153,6 +168,14 @@ class SGMCMCKernel(MCMCKernel):
     #: it the allocator's own reuse is as cheap as the check (a few microseconds per step); from 256 KiB
     #: on, glibc serves blocks from fresh pages often enough for the reuse to pay.
     RECYCLE_MIN_BYTES: int = 2**18
+
+    def __new__(cls, *args, **kwargs):
+        # Arguments of Pyro's HMC/NUTS that have no meaning here: a clear error instead of Python's bare
+        # "unexpected keyword argument" (checked before __init__, so every kernel's signature stays explicit).
+        for name, reason in _NUTS_ONLY_ARGUMENTS.items():
+            if name in kwargs:
+                raise TypeError(f"{cls.__name__}: {name} is an argument of Pyro's HMC/NUTS, not of SG-MCMC: {reason}")
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -479,7 +502,8 @@ class SGMCMCKernel(MCMCKernel):
         :math:`2 / (\\epsilon \\alpha)` steps for SGHMC and SGNHT (friction / diffusion :math:`\\alpha`) and
         :math:`1 / \\epsilon` for SGLD; the warning is given when it exceeds ``SLOW_MIXING_FRACTION`` of the
         adaptation phase. The usual cause is gradient noise (a small minibatch of many data): a larger
-        ``subsample_size`` or ``control_variate="map"`` helps."""
+        ``subsample_size`` helps, or a control variate where the posterior is concentrated (the advice says
+        whether the automatic one was measured and rejected)."""
         step_size = self._chain_step_size
         if step_size is None:
             return
@@ -496,11 +520,21 @@ class SGMCMCKernel(MCMCKernel):
                 f"{type(self).__name__}: the adapted step size of chain(s) {slow[:8]} is at most "
                 f"{float(per_chain.min()):.3g}, so a chain needs about {worst:.3g} steps to forget its state, more "
                 f"than {SLOW_MIXING_FRACTION:g} of the {self._adaptation.warmup_steps} adaptation steps: it has "
-                "probably not reached the posterior and will mix slowly. Usually the minibatch gradient noise "
-                "limits the step: a larger subsample_size, control_variate='map', or a longer warmup will help.",
+                f"probably not reached the posterior and will mix slowly. Usually the minibatch gradient noise "
+                f"limits the step: {self._slow_mixing_advice()}",
                 SlowMixingWarning,
                 stacklevel=3,
             )
+
+    def _slow_mixing_advice(self) -> str:
+        if self._control_variate is not None:
+            return "a larger subsample_size or a longer warmup will help."
+        if self._control_variate_rejected:
+            return (
+                "a larger subsample_size or a longer warmup will help (the automatic control variate was measured "
+                "and did not lower the noise: the posterior is not concentrated around one mode)."
+            )
+        return "a larger subsample_size, control_variate='map', or a longer warmup will help."
 
     def _freeze_step_size(self) -> None:
         """After warmup one chain's adapted step size becomes a number: the update's scalar (fused) path."""
@@ -607,6 +641,7 @@ class SGMCMCKernel(MCMCKernel):
         self._control_variate: Optional[ControlVariate] = None
         self._auto_control_variate_cache: Optional[ControlVariate] = None
         self._control_variate_candidate: Optional[ControlVariate] = None
+        self._control_variate_rejected = False  # "auto" measured its candidate and did not keep it
 
     def _evaluate(self, positions: torch.Tensor, indices):
         """Minibatch potential and gradient at ``positions``: plain, or control-variate centred."""
@@ -633,6 +668,7 @@ class SGMCMCKernel(MCMCKernel):
         position = self.state.position
         self._jumps = JumpMonitor(warmup_steps, position.shape[0], position.device)
         self._control_variate_candidate = None
+        self._control_variate_rejected = False
         self._jump_threshold = None
         self._approach = None
         if not (self.adapts and warmup_steps >= MIN_ADAPTATION_WARMUP):
@@ -668,42 +704,89 @@ class SGMCMCKernel(MCMCKernel):
         self._sync_step_size()
 
     def _auto_control_variate(self) -> None:
-        """``control_variate="auto"`` (``kernels/warmup.py``): with one subsampled plate whose epoch is at least
-        ``AUTO_CONTROL_VARIATE_EPOCH`` minibatches, a *candidate* control variate centred at the full-data MAP
-        found by L-BFGS from the approach's best point (once per data set); :meth:`_decide_control_variate`
-        keeps it or not at the end of the initial buffer."""
+        """``control_variate="auto"`` (``kernels/warmup.py``), at the end of the approach: with one subsampled
+        plate whose epoch is at least ``AUTO_CONTROL_VARIATE_EPOCH`` minibatches, a *candidate* control variate
+        centred where ``PRELIMINARY_MAP_ITERATIONS`` L-BFGS iterations on the full data take the approach's best
+        point (a few full-data passes); :meth:`_decide_control_variate` measures it at the end of the initial
+        buffer. A refined candidate (at the MAP) from an earlier run on the same data is reused as it is."""
         plates = self.minibatches.plates
         if len(plates) != 1 or plates[0].size < AUTO_CONTROL_VARIATE_EPOCH * plates[0].subsample_size:
             return
         cached = self._auto_control_variate_cache
         if cached is not None and cached.potential is self.potential:
-            self._control_variate = cached
-        else:
-            state = self.state
-            finite = torch.isfinite(state.potential)
-            best = int(torch.where(finite, state.potential, torch.full_like(state.potential, math.inf)).argmin())
-            try:
-                cached = ControlVariate(self.potential, "map", state.position[best])
-            except ValueError:  # the full-data potential is not finite at the MAP found: plain minibatches
-                return
-            self._auto_control_variate_cache = cached
-        self._control_variate_candidate = cached
+            self._control_variate_candidate = cached
+            return
+        state = self.state
+        finite = torch.isfinite(state.potential)
+        best = int(torch.where(finite, state.potential, torch.full_like(state.potential, math.inf)).argmin())
+        try:
+            self._control_variate_candidate = ControlVariate(
+                self.potential, "map", state.position[best], max_iter=PRELIMINARY_MAP_ITERATIONS, rounds=1
+            )
+        except ValueError:  # the full-data potential is not finite there: plain minibatches
+            pass
 
     def _decide_control_variate(self) -> None:
         """Keep the candidate control variate if, at the chains' points after the initial buffer (spread out
         from the mode by then), it divides the largest per-coordinate gradient variance by more than
         ``1 / CONTROL_VARIATE_GAIN`` for the median chain: the noise-limited step grows in proportion, and
         a step with it costs two minibatch evaluations. (Far from its centre, in a posterior that is not
-        concentrated, such as a small network's, it is *noisier* than plain minibatches.)"""
+        concentrated, such as a small network's, it is *noisier* than plain minibatches.)
+
+        A preliminary candidate (a few L-BFGS iterations from the approach) is measured first. If its ratio is
+        between ``CONTROL_VARIATE_GAIN`` and 1, its centre moves on towards the full-data MAP in stages of twice
+        as many iterations (10, 20, 40, 80), each measured again, while each lowers the ratio by more than 10 %.
+        For a concentrated posterior the variance at a chain's point ``z`` grows as ``|z - c|^2``, which on
+        average over the chains is smallest at the mode, so the stages lower it; for a posterior that is not
+        concentrated (a network's), the mode can be far from where the chains are and moving towards it makes
+        the control variate worse: the search stops there instead of spending hundreds of full-data passes.
+        A candidate below ``CONTROL_VARIATE_GAIN`` is then centred at the mode (L-BFGS to within
+        ``CENTRE_TOLERANCE`` of the chains' ``T d / 2`` nats) and measured again: kept if still below (and
+        reused by later sequential chains on the same data); a mode far from where the chains are (a
+        network's) is rejected there."""
         candidate, self._control_variate_candidate = self._control_variate_candidate, None
         position = self.state.position
+        self._control_variate = None
         plain = gradient_variance(self._evaluate, position, self.minibatches).amax(-1)
-        self._control_variate = candidate
-        centred = gradient_variance(self._evaluate, position, self.minibatches).amax(-1)
-        ratio = centred / plain.clamp_min(torch.finfo(plain.dtype).tiny)
-        if not float(ratio.median()) < CONTROL_VARIATE_GAIN:
+        plain = plain.clamp_min(torch.finfo(plain.dtype).tiny)
+
+        def ratio(control_variate: ControlVariate) -> float:
+            self._control_variate = control_variate
+            centred = gradient_variance(self._evaluate, position, self.minibatches).amax(-1)
             self._control_variate = None
+            return float((centred / plain).median())
+
+        best = ratio(candidate)
+        if candidate is not self._auto_control_variate_cache:  # preliminary: does a centre nearer the MAP help?
+            tolerance = CENTRE_TOLERANCE * self.temperature * position.shape[-1] / 2  # of the chains' T d / 2
+            iterations = PRELIMINARY_MAP_ITERATIONS
+            while CONTROL_VARIATE_GAIN <= best < 1.0 and 2 * iterations <= AUTO_MAP_ITERATIONS:
+                iterations *= 2
+                try:
+                    moved = ControlVariate(
+                        self.potential, "map", candidate.centre, max_iter=iterations, rounds=1,
+                        potential_tolerance=tolerance,
+                    )  # fmt: skip
+                except ValueError:
+                    break
+                measured = ratio(moved)
+                improved = measured < 0.9 * best
+                if measured < best:
+                    candidate, best = moved, measured
+                if not improved:
+                    break
+            if best < CONTROL_VARIATE_GAIN:  # centred at the mode (up to the tolerance), and measured there
+                try:
+                    candidate = ControlVariate(self.potential, "map", candidate.centre, potential_tolerance=tolerance)
+                except ValueError:
+                    best = math.inf
+                else:
+                    best = ratio(candidate)  # a mode far from where the chains are is rejected here
+        if not best < CONTROL_VARIATE_GAIN:
+            self._control_variate_rejected = True
             return
+        self._auto_control_variate_cache = candidate  # sequential chains on the same data reuse it
+        self._control_variate = candidate
         energy, grad = self._evaluate(position, self.minibatches.next())
         self.state = self.state._replace(potential=energy, grad=grad)
 
@@ -766,6 +849,11 @@ class SGMCMCKernel(MCMCKernel):
             out["adaptation"] = self._adaptation.state_dict()
         if self._control_variate is not None:
             out["control_variate"] = self._control_variate.state_dict()
+        out["control_variate_rejected"] = self._control_variate_rejected
+        candidate = self._control_variate_candidate
+        if candidate is not None:  # "auto", between the approach and the decision
+            out["control_variate_candidate"] = candidate.state_dict()
+            out["control_variate_candidate_refined"] = candidate is self._auto_control_variate_cache
         return out
 
     def _load_preconditioning_state_dict(self, saved: dict, device) -> None:
@@ -780,6 +868,12 @@ class SGMCMCKernel(MCMCKernel):
             self._sync_step_size()
             if self.state.step >= self._warmup_steps:
                 self._freeze_step_size()
+        self._control_variate_rejected = saved.get("control_variate_rejected", False)
+        if "control_variate_candidate" in saved:
+            candidate = ControlVariate.from_state_dict(self.potential, saved["control_variate_candidate"], device)
+            if saved["control_variate_candidate_refined"]:
+                self._auto_control_variate_cache = candidate
+            self._control_variate_candidate = candidate
         if "control_variate" in saved:
             if self._control_variate is None:  # "auto": chosen after the approach
                 self._control_variate = ControlVariate.from_state_dict(self.potential, saved["control_variate"], device)

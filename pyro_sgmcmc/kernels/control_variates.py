@@ -74,7 +74,11 @@ def full_data_potential_and_grad(
 
 
 def _map_estimate(
-    potential: ModelPotential, start: torch.Tensor, rounds: int = 10, max_iter: int = 100
+    potential: ModelPotential,
+    start: torch.Tensor,
+    rounds: int = 10,
+    max_iter: int = 100,
+    potential_tolerance: float = 0.0,
 ) -> torch.Tensor:
     """Minimise the full-data potential with L-BFGS (strong Wolfe line search) from ``start``.
 
@@ -90,11 +94,17 @@ def _map_estimate(
     it is ~1e-5 relative, where further line searches on a 10^6-datum sum only chase rounding noise,
     at a full-data pass per try. A round that stops at ``max_iter`` without converging is restarted
     (fresh curvature memory), up to ``rounds`` times, while it still lowers the potential.
+
+    ``potential_tolerance`` (nats) also stops the search once the last ``STALL_EVALUATIONS`` evaluations
+    together lowered the best potential by less than it: a centre for a control variate needs the mode
+    only to within a fraction of the posterior's spread, i.e. a potential within a fraction of ``T d / 2``
+    of the minimum (the chains' average excess), not to rounding precision.
     """
     z = start.detach().to(torch.float64).clone().requires_grad_(True)
     first = full_data_potential_and_grad(potential, start.detach())
     best = {"u": math.inf, "z": start.detach().clone()}
     pending = [first]  # the first closure call is at ``start``: reuse this evaluation
+    history = []  # the best potential after each evaluation
 
     def closure():
         optimizer.zero_grad()
@@ -108,6 +118,9 @@ def _map_estimate(
             raise _Converged  # at any trial point, even inside a line search
         elif float(u) < best["u"]:
             best.update(u=float(u), z=point)
+        history.append(best["u"])
+        if len(history) > STALL_EVALUATIONS and history[-STALL_EVALUATIONS - 1] - best["u"] < potential_tolerance:
+            raise _Converged
         z.grad = g.to(z.dtype)
         return u.to(z.dtype)
 
@@ -129,6 +142,10 @@ def _map_estimate(
     return best["z"]
 
 
+#: Window (full-data evaluations) of the ``potential_tolerance`` stopping rule of :func:`_map_estimate`.
+STALL_EVALUATIONS = 10
+
+
 class _Converged(Exception):
     """Raised by the MAP search's closure at a point where the gradient is within its rounding error."""
 
@@ -145,16 +162,29 @@ class ControlVariate:
         ``AutoDelta``).
     start : Tensor ``(dim,)``
         Starting point of the MAP search (the chains' first initial point).
+    max_iter, rounds : int
+        L-BFGS iterations per round and rounds of the MAP search (``"auto"``'s preliminary centre: 5 and 1).
+    potential_tolerance : float
+        Stop the search when 10 full-data evaluations lower the potential by less than this (nats).
     """
 
-    def __init__(self, potential: ModelPotential, centre: Union[str, Mapping[str, torch.Tensor]], start: torch.Tensor):
+    def __init__(
+        self,
+        potential: ModelPotential,
+        centre: Union[str, Mapping[str, torch.Tensor]],
+        start: torch.Tensor,
+        *,
+        max_iter: int = 100,
+        rounds: int = 10,
+        potential_tolerance: float = 0.0,
+    ):
         _single_plate(potential)
         if isinstance(centre, str):
             if centre != "map":
                 raise ValueError(
                     f"control_variate must be None, 'map' or a dict of constrained site values; got {centre!r}"
                 )
-            position = _map_estimate(potential, start)
+            position = _map_estimate(potential, start, rounds, max_iter, potential_tolerance)
         else:
             position = _pack_constrained(potential, centre, start)
         potential_value, grad = full_data_potential_and_grad(potential, position)

@@ -61,6 +61,9 @@ __all__ = [
     "APPROACH_FRACTION",
     "AUTO_CONTROL_VARIATE_EPOCH",
     "CONTROL_VARIATE_GAIN",
+    "PRELIMINARY_MAP_ITERATIONS",
+    "AUTO_MAP_ITERATIONS",
+    "CENTRE_TOLERANCE",
     "SLOW_MIXING_FRACTION",
     "gradient_variance",
     "minibatch_gradients",
@@ -89,6 +92,15 @@ AUTO_CONTROL_VARIATE_EPOCH = 10
 MIN_ADAPTATION_WARMUP = 20
 #: ``control_variate="auto"`` keeps its candidate if it multiplies the gradient variance by less than this.
 CONTROL_VARIATE_GAIN = 0.4
+#: ``control_variate="auto"``: L-BFGS iterations of the preliminary centre (from the approach's best point) ...
+PRELIMINARY_MAP_ITERATIONS = 5
+#: ... moved on towards the MAP in stages of 10, 20, ... up to this many iterations while each stage lowers the
+#: gradient variance by more than 10 % (``SGMCMCKernel._decide_control_variate``); each stage stops early ...
+AUTO_MAP_ITERATIONS = 80
+#: ... once 10 full-data evaluations lower the potential by less than this fraction of the chains' average
+#: excess over the minimum, ``T d / 2`` nats (the centre's offset then adds at most about this fraction to the
+#: control variate's variance).
+CENTRE_TOLERANCE = 0.05
 #: Minibatches per measurement of the gradient noise (warmup only).
 NOISE_MINIBATCHES = 8
 #: A warning is given when a chain's relaxation time (in steps) under its adapted step exceeds this fraction

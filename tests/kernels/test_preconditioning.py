@@ -121,12 +121,16 @@ def test_mass_matrix_adapts_per_chain_in_warmup_and_is_frozen_for_sampling():
     assert final.shape == (3, 4) and not torch.equal(final[0], final[1])  # one per chain, from its own draws
     # the adapted metric is the posterior scale: sd of the coefficients differ by about 300x (covariate sds)
     # exact ratio of the posterior variances of w[1] and w[2] (given sigma): about (0.1 / 30)^2 = 1e-5, against 1
-    # without adaptation. The adapted one averages 8 minibatch Hessians (B = 20 of 200) at the chain's draws;
-    # over seeds 0-2 (9 chains) it was 0.68-1.23 times the exact ratio, so within 2x is a 1.6x margin.
+    # without adaptation. The adapted one is a per-chain estimate from minibatch Hessians and gradients (B = 20
+    # of 200) at the chain's draws. Its spread, measured over 60 chains (seeds 8-27): log-sd 0.34, range
+    # 0.55-3.23 times the exact ratio (the same before and after the control variate's search was staged:
+    # log-sd 0.35, 0.48-2.21). So each chain within 5x (4.6 log-sds; a failed adaptation is 1e5 off) and the
+    # median of the three within 2x (the median of 3 has about 0.6 of one chain's log-sd: 3.4 of them).
     w = kernel.potential.unpack(final)["w"]  # (3 chains, 3)
     exact = torch.linalg.inv(x.T @ x).diagonal()
     ratio = (w[:, 1] / w[:, 2]) / (exact[1] / exact[2])
-    assert bool(((ratio < 2) & (ratio > 0.5)).all()), ratio
+    assert bool(((ratio < 5) & (ratio > 0.2)).all()), ratio
+    assert 0.5 < float(ratio.median()) < 2, ratio
 
 
 def test_checkpoint_resume_mid_adaptation_is_bit_identical(tmp_path):

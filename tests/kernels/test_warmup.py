@@ -206,3 +206,11 @@ def test_a_step_too_small_to_mix_is_loud(float64):
         kernel = SGHMC(model)
         MCMC(kernel, num_samples=10, warmup_steps=400, disable_progbar=True).run()
     assert kernel.chain_diagnostics(0)["control variate"]
+
+
+@pytest.mark.parametrize("name", ["target_accept_prob", "max_tree_depth", "trajectory_length", "num_steps"])
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC, SGNHT])
+def test_nuts_arguments_get_a_clear_error(kernel_cls, name):
+    """A Pyro user's NUTS arguments are named in the error with what to do instead."""
+    with pytest.raises(TypeError, match=f"{kernel_cls.__name__}: {name} is an argument of Pyro's HMC/NUTS"):
+        kernel_cls(lambda: None, **{name: 0.8})
