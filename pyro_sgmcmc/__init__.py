@@ -1,12 +1,14 @@
 """pyro_sgmcmc: scalable Bayesian learning in Pyro.
 
 Stochastic-gradient MCMC kernels (:class:`SGLD`, :class:`SGHMC`, :class:`SGNHT`) that run
-inside :class:`pyro.infer.MCMC` on models with subsampled plates, and :class:`MCMC`, a drop-in
-:class:`pyro.infer.MCMC` that also runs many chains vectorised.
+inside :class:`pyro.infer.MCMC` on models with subsampled plates, :class:`MCMC`, a drop-in
+:class:`pyro.infer.MCMC` that also runs many chains vectorised, and Gaussian guides for networks
+(:class:`AutoLaplace`, :class:`AutoDiagVI`), importable from here as from :mod:`pyro_sgmcmc.guides`.
 """
 
 from .allocation import retain_freed_cpu_memory
 from .diagnostics import nested_rhat, nested_rhat_threshold
+from .guides import AutoDiagVI, AutoLaplace, LaplaceApproximation, TemperedELBO
 from .inference_data import to_inference_data
 from .kernels import (
     SGHMC,
@@ -27,6 +29,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MCMC",
+    "AutoLaplace",
+    "LaplaceApproximation",
+    "AutoDiagVI",
+    "TemperedELBO",
     "to_inference_data",
     "nested_rhat",
     "nested_rhat_threshold",

@@ -32,15 +32,20 @@ import torch
 __all__ = ["nested_rhat", "nested_rhat_threshold"]
 
 
+def _array_like(data) -> bool:
+    return isinstance(data, (torch.Tensor, np.ndarray, list, tuple)) or hasattr(data, "__array__")
+
+
 def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, torch.Tensor]] = None, var_names=None):
     """Nested R-hat of every parameter.
 
     Parameters
     ----------
-    data : array, InferenceData, xarray.Dataset, pyro_sgmcmc.MCMC or dict of arrays
+    data : array, InferenceData, xarray.Dataset, MCMC run or dict of arrays
         Draws with axes ``(chain, draw, *parameter_shape)`` (NumPy or torch), a dict of such
         arrays, an ``arviz.InferenceData`` (its ``posterior`` group) or ``xarray.Dataset`` with
-        ``chain`` and ``draw`` dims, or a finished :class:`pyro_sgmcmc.MCMC` run.
+        ``chain`` and ``draw`` dims, or a finished :class:`pyro_sgmcmc.MCMC` or
+        :class:`pyro.infer.MCMC` run (Pyro's has no superchains: pass ``superchain_ids``).
     superchain_ids : sequence of int, optional
         The superchain of each chain (``K`` groups of equal size ``M``). By default read from the
         data (``MCMC.superchain_ids``, or the ``superchain`` coordinate that
@@ -79,13 +84,19 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
     >>> round(float(nested_rhat(stuck, superchains)), 3)
     2.449
     """
-    from .mcmc import MCMC  # local: mcmc imports the kernels, which is heavier than this module
+    import pyro.infer  # local: pyro.infer is heavier than this module
 
-    if isinstance(data, MCMC):
-        ids = data.superchain_ids if superchain_ids is None else superchain_ids
+    if isinstance(data, pyro.infer.MCMC):  # ours (with its superchains) or Pyro's (every chain its own)
+        ids = getattr(data, "superchain_ids", None) if superchain_ids is None else superchain_ids
         samples = data.get_samples(group_by_chain=True)
         names = var_names or list(samples)
         return {name: _nested_rhat_array(samples[name], ids) for name in names}
+    readable = isinstance(data, dict) or hasattr(data, "posterior") or hasattr(data, "data_vars")
+    if not (readable or _array_like(data)):
+        raise TypeError(
+            "nested_rhat: data must be an array of draws (chain, draw, ...), a dict of them, an "
+            f"arviz.InferenceData, an xarray.Dataset or an MCMC run; got {type(data).__name__}"
+        )
     if isinstance(data, dict):
         names = var_names or list(data)
         return {name: _nested_rhat_array(data[name], superchain_ids) for name in names}

@@ -92,3 +92,35 @@ def test_bad_superchains():
         nested_rhat(draws, [0] * 6)
     with pytest.raises(ValueError, match="chains_per_superchain must be a positive integer"):
         nested_rhat_threshold(0)
+
+
+def test_nested_rhat_reads_a_pyro_mcmc_run():
+    """Pyro's own MCMC (no superchains): every chain its own superchain unless superchain_ids says
+    otherwise; the value equals that of the same draws passed as an array."""
+    import warnings
+
+    import pyro
+    import pyro.distributions as dist
+    from pyro.infer import MCMC as PyroMCMC
+
+    from pyro_sgmcmc import SGHMC
+
+    def model():
+        pyro.sample("x", dist.Normal(0.0, 1.0))
+
+    pyro.set_rng_seed(0)
+    run = PyroMCMC(SGHMC(model), num_samples=20, warmup_steps=30, num_chains=4, mp_context=None,
+                   disable_progbar=True)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # chains drawn sequentially on this machine
+        run.run()
+    draws = run.get_samples(group_by_chain=True)["x"]
+    assert nested_rhat(run)["x"] == pytest.approx(float(nested_rhat(draws)))
+    assert nested_rhat(run, superchain_ids=[0, 0, 1, 1])["x"] == pytest.approx(
+        float(nested_rhat(draws, superchain_ids=[0, 0, 1, 1]))
+    )
+
+
+def test_nested_rhat_names_what_it_accepts():
+    with pytest.raises(TypeError, match="nested_rhat: data must be an array of draws .* got object"):
+        nested_rhat(object())
