@@ -229,6 +229,55 @@ class AutoLaplace(AutoLaplaceApproximation):
         approximation.set_prior_precision(self.prior_precision)
         return approximation
 
+    def marglik_training(
+        self,
+        *args,
+        num_steps: int,
+        optim: Optional[pyro.optim.PyroOptim] = None,
+        mode: str = "site",
+        prior_precision: float = 1.0,
+        hyper_every: int = 100,
+        hyper_steps: int = 10,
+        hyper_lr: float = 0.1,
+        burnin: int = 0,
+        **kwargs,
+    ) -> "LaplaceApproximation":
+        """Fit the MAP and tune the prior precision in one run (online marginal likelihood, Immer et al. 2021).
+
+        ``num_steps`` optimiser steps (one minibatch each, as ``svi.step``) on the log joint with
+        the prior :math:`\\mathcal N(m, \\lambda^{-1})` in unconstrained space; after ``burnin``
+        steps, every ``hyper_every`` steps, a Laplace approximation is built at the current point
+        and ``hyper_steps`` Adam steps (learning rate ``hyper_lr``) on :math:`\\log\\lambda` raise
+        its standard evidence. See :mod:`pyro_sgmcmc.guides.marglik`. Call it with the model's
+        arguments, like ``svi.step``.
+
+        Parameters
+        ----------
+        num_steps : int
+            MAP steps.
+        optim : pyro.optim.PyroOptim, optional
+            The MAP optimiser (default ``pyro.optim.Adam({"lr": 1e-2})``).
+        mode : {"scalar", "site"}
+            One precision, or one per latent site (per layer's weight and bias: laplace-torch's
+            ``prior_structure="layerwise"``).
+        prior_precision : float
+            The starting precision.
+        hyper_every, hyper_steps, hyper_lr, burnin : int, int, float, int
+            The evidence-step schedule.
+
+        Returns
+        -------
+        LaplaceApproximation
+            At the final point, with the tuned prior precision (also left in
+            ``self.prior_precision``, so a later :meth:`laplace_approximation` uses it).
+        """
+        from .marglik import marglik_training
+
+        return marglik_training(
+            self, *args, num_steps=num_steps, optim=optim, mode=mode, prior_precision=prior_precision,
+            hyper_every=hyper_every, hyper_steps=hyper_steps, hyper_lr=hyper_lr, burnin=burnin, **kwargs,
+        )  # fmt: skip
+
 
 class LaplaceApproximation(AutoContinuous):
     """The Gaussian guide :math:`\\mathcal N(\\theta_*, \\Lambda^{-1})` over all latent sites (unconstrained).
