@@ -18,7 +18,7 @@ linearised predictive, the marginal likelihood and the prior for the next task.
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import pyro  # noqa: F401  (the docstring examples use it)
 import pyro.distributions as dist
@@ -34,6 +34,7 @@ from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_term
 from .evidence import check_bounds, check_evidence, maximise_log_evidence, standard_log_evidence
 from .kron import KroneckerNormal, KroneckerPrecision
 from .predictive import GLMPrediction, linearized_predictive
+from .subset import check_subset, fix_sites, subset_names
 
 __all__ = ["AutoLaplace", "LaplaceApproximation"]
 
@@ -84,6 +85,11 @@ class AutoLaplace(AutoLaplaceApproximation):
         Pyro init strategy for the MAP point (``init_to_sample`` breaks the symmetry of a network).
     disable_progbar : bool
         Hide the progress bar of the curvature sweep.
+    subset_of_weights : "all", "last_layer" or list of str
+        The sites the Gaussian covers; the others stay at the MAP (a point mass): ``"last_layer"``
+        is the weight and bias of the network's last ``F.linear`` (``nn.Linear``) call, as in
+        laplace-torch, or name the sites. Every curvature, the evidence and the GLM predictive
+        then work on those sites only; see :mod:`pyro_sgmcmc.guides.subset`.
 
     Examples
     --------
@@ -117,8 +123,10 @@ class AutoLaplace(AutoLaplaceApproximation):
         mc_fisher: bool = False,
         init_loc_fn=init_to_median,
         disable_progbar: bool = False,
+        subset_of_weights: Union[str, Sequence[str]] = "all",
     ) -> None:
         check_callable(model, "model")
+        self.subset_of_weights = check_subset(subset_of_weights)
         check_callable(init_loc_fn, "init_loc_fn")
         self.curvature = Curvature.parse(curvature)
         self.mc_fisher = check_bool(mc_fisher, "mc_fisher")
@@ -199,8 +207,11 @@ class AutoLaplace(AutoLaplaceApproximation):
                 f"the MAP point is not finite at sites {bad}: the SVI fit diverged (lower the learning rate, or "
                 "check the model's likelihood); there is no Laplace approximation around a non-finite point"
             )
-        potential = ModelPotential(self._raw_model, args, kwargs)
-        perm = _guide_permutation(self, potential)
+        names, fixed = self._split_sites(args, kwargs)
+        slices = _guide_slices(self)
+        loc = torch.cat([loc[slices[name][0] : slices[name][1]] for name in names])
+        potential = ModelPotential(fix_sites(self._raw_model, fixed), args, kwargs)
+        perm = _permutation(names, self._unconstrained_shapes, potential)
         position = torch.empty_like(loc)
         position[perm] = loc  # guide order -> potential (sorted-name) order
         likelihood = likelihood_curvature(
@@ -224,10 +235,24 @@ class AutoLaplace(AutoLaplaceApproximation):
             curvature=self.curvature,
             init_loc_fn=self._init_loc_fn,
             kron_factors=likelihood.kron_factors,
+            fixed=fixed,
         )
-        approximation._copy_prototype(self)
-        approximation.set_prior_precision(self.prior_precision)
+        approximation._copy_prototype(self, names)
+        precision = self.prior_precision
+        if isinstance(precision, Mapping) and fixed:  # a dict over all sites (marglik_training): keep the subset's
+            precision = {name: value for name, value in precision.items() if name not in fixed}
+        approximation.set_prior_precision(precision)
         return approximation
+
+    def _split_sites(self, args, kwargs) -> Tuple[list, Dict[str, torch.Tensor]]:
+        """The names of the sites in the approximation (guide order) and ``{site: MAP value}`` of the others."""
+        all_names = [name for name, _ in self.prototype_trace.iter_stochastic_nodes()]
+        if self.subset_of_weights == "all":
+            return all_names, {}
+        with torch.no_grad():
+            values = {name: value.detach() for name, value in self.median().items()}
+        names = subset_names(self.subset_of_weights, all_names, self._raw_model, values, args, kwargs)
+        return names, {name: value for name, value in values.items() if name not in names}
 
     def marglik_training(
         self,
@@ -321,6 +346,11 @@ class LaplaceApproximation(AutoContinuous):
         ``curvature="kron"`` only: ``{site: (G, A)}`` for a weight, ``{site: (G,)}`` for a bias
         (see :class:`~pyro_sgmcmc.guides.kron.KroneckerPrecision`); ``likelihood_curvature`` is
         then the diagonal of these blocks.
+    fixed : dict, optional
+        ``{site: constrained value}`` of the sites outside the Gaussian (``subset_of_weights``):
+        point masses at the MAP. Calling the guide samples them as ``Delta`` sites, and
+        :meth:`median`, :meth:`quantiles` and :meth:`params` include them; :meth:`get_posterior`,
+        :attr:`covariance`, :meth:`as_prior` and the evidence are over the Gaussian's sites only.
     """
 
     def __init__(
@@ -337,8 +367,10 @@ class LaplaceApproximation(AutoContinuous):
         curvature: str = "diag_ggn",
         init_loc_fn=init_to_median,
         kron_factors: Optional[Dict[str, tuple]] = None,
+        fixed: Optional[Dict[str, torch.Tensor]] = None,
     ) -> None:
         super().__init__(model, init_loc_fn=init_loc_fn)
+        self._fixed = {name: value.detach() for name, value in (fixed or {}).items()}
         self._kron_factors = kron_factors
         self._kron: Optional[KroneckerPrecision] = None
         self.curvature = Curvature.parse(curvature)
@@ -353,13 +385,19 @@ class LaplaceApproximation(AutoContinuous):
         self._scale_tril: Optional[torch.Tensor] = None
 
     # ------------------------------------------------------------------ set-up
-    def _copy_prototype(self, guide: AutoContinuous) -> None:
-        """Reuse the prototype trace of the MAP guide instead of running the model again."""
-        self.prototype_trace = guide.prototype_trace
+    def _copy_prototype(self, guide: AutoContinuous, names: Optional[Sequence[str]] = None) -> None:
+        """Reuse the prototype trace of the MAP guide (restricted to the sites ``names``)."""
+        trace = guide.prototype_trace
+        if names is not None and len(names) < len(guide._unconstrained_shapes):
+            trace = trace.copy()
+            for name in set(guide._unconstrained_shapes) - set(names):
+                trace.remove_node(name)
+        keep = set(guide._unconstrained_shapes if names is None else names)
+        self.prototype_trace = trace
         self._prototype_frames = dict(guide._prototype_frames)
-        self._unconstrained_shapes = dict(guide._unconstrained_shapes)
-        self._cond_indep_stacks = dict(guide._cond_indep_stacks)
-        self.latent_dim = guide.latent_dim
+        self._unconstrained_shapes = {k: v for k, v in guide._unconstrained_shapes.items() if k in keep}
+        self._cond_indep_stacks = {k: v for k, v in guide._cond_indep_stacks.items() if k in keep}
+        self.latent_dim = sum(math.prod(shape) for shape in self._unconstrained_shapes.values())
         self.site_slices = {}
         offset = 0
         for name, _ in self.prototype_trace.iter_stochastic_nodes():
@@ -557,11 +595,34 @@ class LaplaceApproximation(AutoContinuous):
         return self._scale_tril @ self._scale_tril.T
 
     def params(self, latent: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
-        """Constrained site values ``{name: value}`` at ``latent`` (default: the MAP)."""
+        """Constrained site values ``{name: value}`` at ``latent`` (default: the MAP), fixed sites included."""
         latent = self.loc if latent is None else latent
-        return {
-            site["name"]: biject_to(site["fn"].support)(value) for site, value in self._unpack_latent(latent)
-        }  # fmt: skip
+        values = {site["name"]: biject_to(site["fn"].support)(value) for site, value in self._unpack_latent(latent)}
+        return {**self._fixed, **values}
+
+    @property
+    def fixed(self) -> Dict[str, torch.Tensor]:
+        """``{site: value}`` of the sites held at the MAP (empty unless ``subset_of_weights`` chose some)."""
+        return dict(self._fixed)
+
+    def forward(self, *args, **kwargs) -> Dict[str, torch.Tensor]:
+        """Draw the Gaussian's sites, and the fixed sites as ``Delta`` point masses at the MAP."""
+        result = super().forward(*args, **kwargs)
+        for name, value in self._fixed.items():
+            result[name] = pyro.sample(name, dist.Delta(value, event_dim=value.dim()))
+        return result
+
+    def median(self, *args, **kwargs) -> Dict[str, torch.Tensor]:
+        """The posterior median of every site in constrained space (the fixed sites at the MAP)."""
+        return {**self._fixed, **super().median(*args, **kwargs)}
+
+    def quantiles(self, quantiles, *args, **kwargs) -> Dict[str, torch.Tensor]:
+        """Marginal quantiles in constrained space; a fixed site repeats its MAP value."""
+        result = super().quantiles(quantiles, *args, **kwargs)
+        count = len(quantiles)
+        for name, value in self._fixed.items():
+            result[name] = value.expand((count,) + value.shape).clone()
+        return result
 
     # ------------------------------------------------------------------ evidence
     def log_marginal_likelihood(
@@ -853,16 +914,15 @@ def _is_identity(transform) -> bool:
     return isinstance(transform, torch.distributions.transforms.ComposeTransform) and not transform.parts
 
 
-def _guide_permutation(guide: AutoContinuous, potential: ModelPotential) -> torch.Tensor:
-    """Indices ``perm`` with ``guide_vector = potential_vector[perm]``."""
+def _permutation(names: Sequence[str], shapes: Mapping[str, torch.Size], potential: ModelPotential) -> torch.Tensor:
+    """Indices ``perm`` with ``guide_vector = potential_vector[perm]`` for the guide's sites ``names``."""
     by_name = {site.name: site for site in potential.sites}
-    names = [name for name, _ in guide.prototype_trace.iter_stochastic_nodes()]
     if sorted(names) != sorted(by_name):
-        raise ValueError(f"the guide's latent sites {names} differ from the model's {sorted(by_name)}")
+        raise ValueError(f"the guide's latent sites {list(names)} differ from the model's {sorted(by_name)}")
     parts = []
     for name in names:
         site = by_name[name]
-        if tuple(site.unconstrained_shape) != tuple(guide._unconstrained_shapes[name]):
+        if tuple(site.unconstrained_shape) != tuple(shapes[name]):
             raise ValueError(f"site {name!r} changed shape since the guide was set up")
         parts.append(torch.arange(site.offset, site.offset + site.numel))
     return torch.cat(parts)

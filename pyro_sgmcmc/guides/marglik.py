@@ -98,6 +98,12 @@ def marglik_training(
         optim = pyro.optim.Adam({"lr": 1e-2})
     if not isinstance(optim, pyro.optim.PyroOptim):
         raise TypeError(f"optim must be a pyro.optim optimiser (e.g. pyro.optim.Adam({{'lr': 1e-2}})); got {optim!r}")
+    if guide.subset_of_weights != "all":
+        raise ValueError(
+            "marglik_training tunes the prior of every weight along with the MAP, so it needs "
+            f"subset_of_weights='all' (got {guide.subset_of_weights!r}); train with it, then build a subset "
+            "approximation from the trained MAP with AutoLaplace(..., subset_of_weights=...)"
+        )
     if guide.prototype_trace is None:
         guide(*args, **kwargs)  # set up the MAP point
     laplace = guide.laplace_approximation(*args, **kwargs)

@@ -84,6 +84,9 @@ def test_marglik_training_bad_arguments(float64):
         guide.marglik_training(x, y, num_steps=2, hyper_lr=0.0)
     with pytest.raises(TypeError, match="optim"):
         guide.marglik_training(x, y, num_steps=2, optim=torch.optim.Adam)
+    subset = AutoLaplace(model, curvature="full", disable_progbar=True, subset_of_weights=["w"])
+    with pytest.raises(ValueError, match="subset_of_weights='all'"):
+        subset.marglik_training(x, y, num_steps=2)
 
 
 def test_marglik_training_of_a_network_tunes_each_layer(float64):
