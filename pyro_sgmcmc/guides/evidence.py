@@ -35,11 +35,20 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-__all__ = ["EVIDENCES", "check_evidence", "check_bounds", "standard_log_evidence", "maximise_log_evidence"]
+__all__ = [
+    "EVIDENCES",
+    "GaussianNoise",
+    "check_evidence",
+    "check_bounds",
+    "gaussian_log_likelihood",
+    "gaussian_noise",
+    "maximise_log_evidence",
+    "standard_log_evidence",
+]
 
 #: The accepted values of ``evidence=``.
 EVIDENCES = ("standard", "refit")
@@ -145,3 +154,62 @@ def maximise_log_evidence(
             stacklevel=3,
         )
     return result.exp()
+
+
+class GaussianNoise(NamedTuple):
+    """A Gaussian likelihood of one fixed scale: :math:`y_i \\sim \\mathcal N(f_i(\\theta), \\sigma_0^2)`."""
+
+    scale: float  #: :math:`\sigma_0`, the model's noise scale
+    num_observations: int  #: :math:`n`, the number of observed numbers on the full data
+
+
+def gaussian_noise(potential, position: torch.Tensor) -> Optional[GaussianNoise]:
+    """The model's noise scale and number of observations if its likelihood is Gaussian of one fixed scale.
+
+    Every observed site must be a (wrapped) ``Normal`` whose scale is one number that does not
+    depend on :math:`\\theta`, without a mask or a ``poutine.scale`` of its own; otherwise ``None``.
+    """
+    from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDistribution
+    from torch.distributions import Independent, Normal
+
+    from .curvature import _observed_sites, _site_weight, _trace
+
+    with torch.enable_grad():
+        z = position.detach().clone().requires_grad_(True)
+        trace = _trace(potential, z, {})
+    scales, count = set(), 0
+    for site in _observed_sites(trace, set(potential.site_names)):
+        fn = site["fn"]
+        while isinstance(fn, (Independent, ExpandedDistribution)):
+            fn = fn.base_dist
+        if not isinstance(fn, Normal) or isinstance(fn, MaskedDistribution) or fn.scale.requires_grad:
+            return None
+        if site["mask"] is not None or abs(float(_site_weight(site)) - 1.0) > 1e-12:
+            return None
+        scale = fn.scale.detach().reshape(-1)
+        if not bool((scale == scale[0]).all()):
+            return None
+        scales.add(float(scale[0]))
+        plate_factor = 1.0
+        for frame in site["cond_indep_stack"]:
+            if frame.full_size is not None and frame.size not in (None, 0):
+                plate_factor *= frame.full_size / frame.size
+        count += round(site["value"].numel() * plate_factor)
+    if len(scales) != 1:
+        return None
+    return GaussianNoise(scales.pop(), count)
+
+
+def gaussian_log_likelihood(noise: GaussianNoise, log_likelihood: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """The Gaussian log-likelihood at another noise scale :math:`\\sigma`.
+
+    .. math::
+        \\log p(y \\mid \\theta_*, \\sigma) = -\\frac{\\mathrm{RSS}}{2\\sigma^2} - n\\log\\sigma
+        - \\frac n2 \\log 2\\pi,
+
+    the residual sum of squares recovered from the value at the model's :math:`\\sigma_0`.
+    """
+    n, s0 = noise.num_observations, noise.scale
+    half_log_2pi = 0.5 * math.log(2 * math.pi)
+    rss = -2 * s0**2 * (log_likelihood + n * math.log(s0) + n * half_log_2pi)
+    return -0.5 * rss / sigma**2 - n * sigma.log() - n * half_log_2pi

@@ -31,7 +31,15 @@ from torch.distributions import biject_to
 from ..potential import ModelPotential
 from ._checks import check_bool, check_callable, check_positive_int, check_precision
 from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_terms
-from .evidence import check_bounds, check_evidence, maximise_log_evidence, standard_log_evidence
+from .evidence import (
+    GaussianNoise,
+    check_bounds,
+    check_evidence,
+    gaussian_log_likelihood,
+    gaussian_noise,
+    maximise_log_evidence,
+    standard_log_evidence,
+)
 from .kron import KroneckerNormal, KroneckerPrecision
 from .predictive import GLMPrediction, linearized_predictive
 from .subset import check_subset, fix_sites, subset_names
@@ -236,6 +244,7 @@ class AutoLaplace(AutoLaplaceApproximation):
             init_loc_fn=self._init_loc_fn,
             kron_factors=likelihood.kron_factors,
             fixed=fixed,
+            noise=gaussian_noise(potential, position),
         )
         approximation._copy_prototype(self, names)
         precision = self.prior_precision
@@ -351,6 +360,9 @@ class LaplaceApproximation(AutoContinuous):
         point masses at the MAP. Calling the guide samples them as ``Delta`` sites, and
         :meth:`median`, :meth:`quantiles` and :meth:`params` include them; :meth:`get_posterior`,
         :attr:`covariance`, :meth:`as_prior` and the evidence are over the Gaussian's sites only.
+    noise : GaussianNoise, optional
+        The model's fixed Gaussian noise scale and number of observations, when its likelihood is
+        Gaussian of one fixed scale: the noise scale can then be tuned with the prior precision.
     """
 
     def __init__(
@@ -368,9 +380,12 @@ class LaplaceApproximation(AutoContinuous):
         init_loc_fn=init_to_median,
         kron_factors: Optional[Dict[str, tuple]] = None,
         fixed: Optional[Dict[str, torch.Tensor]] = None,
+        noise: Optional[GaussianNoise] = None,
     ) -> None:
         super().__init__(model, init_loc_fn=init_loc_fn)
         self._fixed = {name: value.detach() for name, value in (fixed or {}).items()}
+        self._noise = noise
+        self._sigma_noise: Optional[torch.Tensor] = None
         self._kron_factors = kron_factors
         self._kron: Optional[KroneckerPrecision] = None
         self.curvature = Curvature.parse(curvature)
@@ -465,7 +480,7 @@ class LaplaceApproximation(AutoContinuous):
         except ValueError:
             self._prior_precision = previous
             if self._kron is not None:
-                self._kron.set_prior_precision(kron_previous)
+                self._kron.set_prior_precision(kron_previous, self._likelihood_scale())
             raise
 
     def _apply_prior_precision(self, prior_precision: Optional[PriorPrecision]) -> None:
@@ -476,7 +491,7 @@ class LaplaceApproximation(AutoContinuous):
             else:
                 self._prior_precision = self._precision_dict(prior_precision)
                 lambdas = self._site_values(self._precision_vector(self._prior_precision), "prior precision")
-            self._kron.set_prior_precision(lambdas)
+            self._kron.set_prior_precision(lambdas, self._likelihood_scale())
             bad = [name for name, ok in self._kron.is_positive().items() if not ok]
             if bad:
                 raise ValueError(f"the Laplace precision is not positive for sites {bad}; pass prior_precision=...")
@@ -488,14 +503,63 @@ class LaplaceApproximation(AutoContinuous):
                 )
             self._set_buffer("precision", variances.reciprocal())  # 1 / marginal variances
             return
+        h = self.likelihood_curvature * self._likelihood_scale()
         if prior_precision is None:
             self._prior_precision = None
-            precision = self.likelihood_curvature + self.prior_curvature
+            precision = h + self.prior_curvature
         else:
             self._prior_precision = self._precision_dict(prior_precision)
             vector = self._precision_vector(self._prior_precision)
-            precision = self.likelihood_curvature + (torch.diag(vector) if not self._diag_h else vector)
+            precision = h + (torch.diag(vector) if not self._diag_h else vector)
         self._set_precision(precision)
+
+    # ------------------------------------------------------------------ Gaussian noise
+    @property
+    def sigma_noise(self) -> Optional[torch.Tensor]:
+        """The Gaussian noise scale in use (``None``: the model's own, or a non-Gaussian likelihood)."""
+        return self._sigma_noise
+
+    @property
+    def has_gaussian_noise(self) -> bool:
+        """Is the likelihood Gaussian with one fixed scale (so that ``sigma_noise`` can be tuned)?"""
+        return self._noise is not None
+
+    def _likelihood_scale(self, sigma: Optional[torch.Tensor] = None) -> Union[float, torch.Tensor]:
+        """:math:`s = \\sigma_0^2 / \\sigma^2`: the likelihood curvature at noise scale :math:`\\sigma` is
+        :math:`s H`."""
+        sigma = self._sigma_noise if sigma is None else sigma
+        if sigma is None:
+            return 1.0
+        return self._noise.scale**2 / sigma**2
+
+    def _check_noise(self, name: str = "sigma_noise") -> None:
+        if self._noise is None:
+            raise ValueError(
+                f"{name} needs a Gaussian likelihood of one fixed scale (every observed site a Normal whose scale is "
+                "a single number that does not depend on the latent sites, without mask or poutine.scale); this "
+                "model's likelihood is not"
+            )
+
+    def set_sigma_noise(self, sigma_noise: Optional[float]) -> None:
+        """Use the Gaussian noise scale ``sigma_noise`` (``None``: the model's) in the precision and evidence.
+
+        The likelihood curvature of a Gaussian likelihood is proportional to :math:`1/\\sigma^2`, so
+        the precision becomes :math:`(\\sigma_0^2/\\sigma^2) H_{\\mathrm{lik}} + \\mathrm{diag}(\\lambda)`.
+        """
+        if sigma_noise is None:
+            value = None
+        else:
+            self._check_noise()
+            check_precision(sigma_noise, "sigma_noise")
+            value = torch.as_tensor(sigma_noise, dtype=self.loc.dtype, device=self.loc.device).detach()
+        previous = self._sigma_noise
+        self._sigma_noise = value
+        try:
+            self._apply_prior_precision(self._prior_precision)
+        except ValueError:
+            self._sigma_noise = previous
+            self._apply_prior_precision(self._prior_precision)
+            raise
 
     @property
     def _diag_h(self) -> bool:
@@ -626,7 +690,11 @@ class LaplaceApproximation(AutoContinuous):
 
     # ------------------------------------------------------------------ evidence
     def log_marginal_likelihood(
-        self, prior_precision: Optional[PriorPrecision] = None, *, evidence: str = "standard"
+        self,
+        prior_precision: Optional[PriorPrecision] = None,
+        *,
+        evidence: str = "standard",
+        sigma_noise: Optional[float] = None,
     ) -> torch.Tensor:
         """Laplace estimate of the log evidence :math:`\\log p(y)`.
 
@@ -661,15 +729,25 @@ class LaplaceApproximation(AutoContinuous):
             approximation; by default the one in use.
         evidence : {"standard", "refit"}
             Which evidence (see above).
+        sigma_noise : float or Tensor, optional
+            For a Gaussian likelihood of one fixed scale :math:`\\sigma_0` (:attr:`has_gaussian_noise`):
+            evaluate at the noise scale :math:`\\sigma` instead (default: the one in use), with
+            :math:`\\log p(y\\mid\\theta_*, \\sigma) = -\\mathrm{RSS}/2\\sigma^2 - n\\log\\sigma - \\frac n2\\log 2\\pi`
+            and the likelihood curvature scaled by :math:`\\sigma_0^2/\\sigma^2`.
         """
         check_evidence(evidence)
+        sigma = None
+        if sigma_noise is not None:
+            self._check_noise()
+            check_precision(sigma_noise, "sigma_noise")
+            sigma = torch.as_tensor(sigma_noise, dtype=torch.float64, device=self.loc.device)
         if prior_precision is None and self._prior_precision is None:
-            return self._log_evidence(None).to(self.loc.dtype)
+            return self._log_evidence(None, sigma=sigma).to(self.loc.dtype)
         if prior_precision is None:
             vector = self._precision_vector(self._prior_precision)
         else:
             vector = self._vector_from(prior_precision, "prior_precision")
-        return self._log_evidence(vector, evidence).to(self.loc.dtype)
+        return self._log_evidence(vector, evidence, sigma).to(self.loc.dtype)
 
     def _vector_from(self, precision: PriorPrecision, name: str) -> torch.Tensor:
         parts = self._precision_from(precision, name)
@@ -683,24 +761,36 @@ class LaplaceApproximation(AutoContinuous):
             self._kron64_cache = KroneckerPrecision(factors, self.site_slices, ones)
         return self._kron64_cache
 
-    def _log_evidence(self, precision: Optional[torch.Tensor], evidence: str = "standard") -> torch.Tensor:
-        """The log evidence in float64 at the ``(d,)`` prior precision (``None``: the model's prior)."""
+    def _log_evidence(
+        self, precision: Optional[torch.Tensor], evidence: str = "standard", sigma: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """The log evidence in float64 at the ``(d,)`` prior precision (``None``: the model's prior).
+
+        ``sigma`` (default: the noise scale in use) rescales a Gaussian likelihood: its
+        log-likelihood at :math:`\\theta_*` and its curvature, by :math:`s = \\sigma_0^2/\\sigma^2`.
+        """
         f64 = torch.float64
         d = self.loc.shape[0]
+        sigma = self._sigma_noise if sigma is None else sigma
         log_likelihood = self.log_likelihood.to(f64)
+        scale = 1.0
+        if sigma is not None:
+            sigma = sigma.to(f64)
+            log_likelihood = gaussian_log_likelihood(self._noise, log_likelihood, sigma)
+            scale = self._likelihood_scale(sigma)
+        h = self.likelihood_curvature.to(f64) * scale
         if precision is None:
             constant = 0.5 * d * math.log(2 * math.pi)
             if self._kron is not None:
                 prior = self._site_values(self.prior_curvature.to(f64), "prior curvature")
-                logdet = self._kron64().with_prior(prior).logdet()
+                logdet = self._kron64().with_prior(prior, scale).logdet()
             else:
-                logdet = _logdet(self.likelihood_curvature.to(f64) + self.prior_curvature.to(f64))
+                logdet = _logdet(h + self.prior_curvature.to(f64))
             return log_likelihood + self.prior_log_density.to(f64) + constant - 0.5 * logdet
         precision = precision.to(f64)
         offset = (self.loc - self.prior_mean).to(f64)
-        h = self.likelihood_curvature.to(f64)
         if self._kron is not None:
-            kron = self._kron64().with_prior(self._site_values(precision, "prior precision"))
+            kron = self._kron64().with_prior(self._site_values(precision, "prior precision"), scale)
             logdet = kron.logdet()
             solve = kron.quadratic
         elif self._diag_h:
@@ -718,8 +808,8 @@ class LaplaceApproximation(AutoContinuous):
                 return torch.cholesky_solve(b.unsqueeze(-1), cholesky).squeeze(-1) @ b
 
         value = standard_log_evidence(log_likelihood, offset, precision, logdet)
-        if evidence == "refit":
-            b = -precision * offset - self.prior_grad.to(f64)
+        if evidence == "refit":  # the log-likelihood's gradient at theta_* is -scale * grad log p_model
+            b = -precision * offset - scale * self.prior_grad.to(f64)
             value = value + 0.5 * solve(b)
         return value
 
@@ -731,6 +821,7 @@ class LaplaceApproximation(AutoContinuous):
         max_iter: int = 200,
         evidence: str = "standard",
         bounds: Tuple[float, float] = (1e-8, 1e8),
+        tune_sigma_noise: bool = False,
     ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
         """Maximise :meth:`log_marginal_likelihood` over the prior precision, then use it.
 
@@ -754,7 +845,12 @@ class LaplaceApproximation(AutoContinuous):
         evidence : {"standard", "refit"}
             See :meth:`log_marginal_likelihood`; ``"refit"`` only for (nearly) linear-Gaussian models.
         bounds : (float, float)
-            The box :math:`[\\lambda_{\\min}, \\lambda_{\\max}]` of every precision.
+            The box :math:`[\\lambda_{\\min}, \\lambda_{\\max}]` of every precision (and of the
+            noise precision :math:`1/\\sigma^2` when it is tuned).
+        tune_sigma_noise : bool
+            Also maximise over the noise scale :math:`\\sigma` of a Gaussian likelihood of one fixed
+            scale (:attr:`has_gaussian_noise`; see :meth:`log_marginal_likelihood`); the optimum is
+            then used (:attr:`sigma_noise`, :meth:`set_sigma_noise`).
 
         Returns
         -------
@@ -772,6 +868,8 @@ class LaplaceApproximation(AutoContinuous):
         max_iter = check_positive_int(max_iter, "max_iter")
         check_evidence(evidence)
         bounds = check_bounds(bounds)
+        if check_bool(tune_sigma_noise, "tune_sigma_noise"):
+            self._check_noise("tune_sigma_noise=True")
         groups, labels = self._precision_groups(mode)
         prior_diag = self.prior_curvature if self.prior_curvature.dim() == 1 else self.prior_curvature.diagonal()
         num_groups = len(labels)
@@ -781,9 +879,19 @@ class LaplaceApproximation(AutoContinuous):
         start = start / torch.bincount(groups, minlength=num_groups).to(torch.float64)
         if init is None:
             start = torch.where(torch.isfinite(start) & (start > 0), start, torch.ones_like(start))
-        optimum = maximise_log_evidence(
-            lambda values: self._log_evidence(values[groups], evidence), start, bounds, max_iter, labels
-        )
+        if tune_sigma_noise:  # the last coordinate is the noise precision 1 / sigma^2
+            sigma = self._sigma_noise if self._sigma_noise is not None else self._noise.scale
+            start = torch.cat([start, torch.as_tensor([float(sigma) ** -2], dtype=torch.float64)])
+            optimum = maximise_log_evidence(
+                lambda values: self._log_evidence(values[:-1][groups], evidence, values[-1].rsqrt()),
+                start, bounds, max_iter, labels + ["1 / sigma_noise^2"],
+            )  # fmt: skip
+            self._sigma_noise = optimum[-1].rsqrt().to(self.loc.dtype)
+            optimum = optimum[:-1]
+        else:
+            optimum = maximise_log_evidence(
+                lambda values: self._log_evidence(values[groups], evidence), start, bounds, max_iter, labels
+            )
         optimum = optimum.to(self.loc.dtype)
         if mode == "scalar":
             self.set_prior_precision(optimum[0])

@@ -185,6 +185,11 @@ def test_standard_evidence_with_kron_matches_the_exact_ggn(float64):
     _close(
         laplace.log_marginal_likelihood(per_site), _closed_form(log_lik, ggn, theta, _site_vector(laplace, per_site))
     )
+    # another Gaussian noise scale: log-likelihood at sigma, curvature times SIGMA^2 / sigma^2
+    sigma = 0.7
+    log_lik_sigma = dist.Normal(mean(theta), sigma).log_prob(y).sum()
+    expected = _closed_form(log_lik_sigma, ggn * SIGMA**2 / sigma**2, theta, _site_vector(laplace, per_site))
+    _close(laplace.log_marginal_likelihood(per_site, sigma_noise=sigma), expected)
 
     pyro.clear_param_store()
     net = Mlp()

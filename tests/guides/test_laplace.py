@@ -471,3 +471,70 @@ def test_diagonal_as_prior_keeps_each_sites_own_event_dims(float64):
         "w": (3,), "s": (), "b": (4,), "p": (3,)
     }  # fmt: skip
     assert torch.isfinite(trace.log_prob_sum())
+
+
+# ------------------------------------------------------------------ Gaussian noise scale
+def _ridge(x, y, lam, sigma):
+    design = _design(x)
+    precision = design.T @ design / sigma**2 + lam * torch.eye(D + 1)
+    return torch.linalg.solve(precision, design.T @ y / sigma**2)
+
+
+def _exact_evidence_at(x, y, lam, sigma):
+    design = _design(x)
+    covariance = sigma**2 * torch.eye(len(y)) + design @ design.T / lam
+    return dist.MultivariateNormal(torch.zeros(len(y)), covariance).log_prob(y)
+
+
+def test_evidence_at_another_noise_scale_is_exact_at_its_map(regression):
+    """The model's noise is SIGMA = 0.5; at (lambda, sigma) with theta_* the MAP of that prior and
+    noise, the standard evidence with sigma_noise=sigma is the exact evidence
+    log N(y; 0, sigma^2 I + X X^T / lambda) (the log-likelihood is quadratic). Float64: 1e-9."""
+    x, y = regression
+    for lam, sigma in [(0.5, 0.3), (4.0, 1.2)]:
+        laplace = _laplace(linear_model, x, y, "full", _ridge(x, y, lam, sigma))
+        assert laplace.has_gaussian_noise
+        _close(laplace.log_marginal_likelihood(lam, sigma_noise=sigma), _exact_evidence_at(x, y, lam, sigma))
+        laplace.set_prior_precision(lam)
+        laplace.set_sigma_noise(sigma)  # the precision follows: X^T X / sigma^2 + lambda I
+        _close(laplace.precision, _design(x).T @ _design(x) / sigma**2 + lam * torch.eye(D + 1))
+        _close(laplace.log_marginal_likelihood(), _exact_evidence_at(x, y, lam, sigma))
+
+
+def test_tune_sigma_noise_finds_the_joint_maximiser(regression):
+    """At a fixed theta_*, (lambda, sigma) against scipy's maximiser of the evidence written from
+    the data directly: sum log N(y | X theta_*, sigma) + log N(theta_* | 0, 1/lambda) + d/2 log 2 pi
+    - 1/2 log det(X^T X / sigma^2 + lambda I). A smooth 2-d problem, both optimisers at gradient
+    tolerances ~1e-8: relative 1e-5."""
+    x, y = regression
+    theta = _ridge(x, y, 1.0, SIGMA)
+    laplace = _laplace(linear_model, x, y, "full", theta)
+    design = _design(x)
+
+    def negative(params):
+        lam, sigma = math.exp(params[0]), math.exp(params[1])
+        log_lik = dist.Normal(design @ theta, sigma).log_prob(y).sum()
+        log_prior = dist.Normal(0.0, lam**-0.5).log_prob(theta).sum()
+        logdet = torch.logdet(design.T @ design / sigma**2 + lam * torch.eye(D + 1))
+        return -(log_lik + log_prior + 0.5 * (D + 1) * math.log(2 * math.pi) - 0.5 * logdet).item()
+
+    reference = np.exp(scipy.optimize.minimize(negative, [0.0, 0.0], method="BFGS", tol=1e-12).x)
+    optimum = laplace.optimize_prior_precision("scalar", tune_sigma_noise=True)
+    assert abs(optimum.item() / reference[0] - 1) < 1e-5, (optimum, reference)
+    assert abs(laplace.sigma_noise.item() / reference[1] - 1) < 1e-5, (laplace.sigma_noise, reference)
+    assert abs(laplace.sigma_noise.item() / SIGMA - 1) > 1e-2  # the data's own noise differs from the model's
+
+
+def test_sigma_noise_needs_a_fixed_gaussian_likelihood(float64):
+    def logistic(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", len(y)):
+            pyro.sample("y", dist.Bernoulli(logits=x @ w), obs=y)
+
+    x = torch.randn(20, 2, generator=torch.Generator().manual_seed(0))
+    laplace = _laplace(logistic, x, (x[:, 0] > 0).double(), "full", torch.zeros(2))
+    assert not laplace.has_gaussian_noise
+    with pytest.raises(ValueError, match="tune_sigma_noise=True needs a Gaussian likelihood"):
+        laplace.optimize_prior_precision(tune_sigma_noise=True)
+    with pytest.raises(ValueError, match="sigma_noise needs a Gaussian likelihood"):
+        laplace.log_marginal_likelihood(1.0, sigma_noise=0.5)
