@@ -18,7 +18,7 @@ linearised predictive, the marginal likelihood and the prior for the next task.
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyro  # noqa: F401  (the docstring examples use it)
 import pyro.distributions as dist
@@ -262,6 +262,38 @@ class AutoLaplace(AutoLaplaceApproximation):
             values = {name: value.detach() for name, value in self.median().items()}
         names = subset_names(self.subset_of_weights, all_names, self._raw_model, values, args, kwargs)
         return names, {name: value for name, value in values.items() if name not in names}
+
+    def fit_map(
+        self, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_compile="auto", **kwargs
+    ) -> List[float]:
+        """Fit the MAP point with Adam on the package's compiled potential (faster than SVI).
+
+        Minimises the same objective as ``SVI(model, guide, Adam, Trace_ELBO())``, the negative
+        unconstrained log joint with the likelihood of a fresh minibatch scaled by ``N / B``, but
+        through :meth:`~pyro_sgmcmc.ModelPotential.potential_and_grad` as the kernels do; with
+        ``jit_compile`` (``"auto"``: only when Pyro's validation is off and the model is
+        deterministic; ``True`` whenever the compiled function checks out) the model runs once and
+        later steps replay its tensor operations. See :mod:`pyro_sgmcmc.guides.fit`.
+
+        Parameters
+        ----------
+        num_steps : int
+            Adam steps, one minibatch each.
+        lr : float
+            Adam's learning rate.
+        seed : int
+            Seed of the minibatch generator.
+        jit_compile : bool or "auto"
+            As in :class:`~pyro_sgmcmc.ModelPotential`.
+
+        Returns
+        -------
+        list of float
+            The minibatch potential energy at each step.
+        """
+        from .fit import fit_map
+
+        return fit_map(self, *args, num_steps=num_steps, lr=lr, seed=seed, jit_compile=jit_compile, **kwargs)
 
     def marglik_training(
         self,
