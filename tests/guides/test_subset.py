@@ -162,3 +162,44 @@ def test_bad_subsets_are_named():
     guide(x, y)
     with pytest.raises(ValueError, match="last_layer"):
         guide.laplace_approximation(x, y)
+
+
+# ------------------------------------------------------------------ the GLM predictive's linear-layer path
+@pytest.mark.parametrize("curvature", ["diag_ggn", "kron"])
+@pytest.mark.parametrize("subset", ["all", "last_layer"])
+def test_linear_layer_predictive_equals_the_jacobian_path(float64, curvature, subset):
+    """J Sigma J^T from layer inputs and output gradients (no Jacobian formed) against the per-input
+    vmap(jacrev) Jacobian path on the same approximation: the same sums reordered, float64
+    rounding: relative 1e-10. The fast path must have been taken (it returns a result)."""
+    from pyro_sgmcmc.guides.predictive import _jacobian_path, _LinearLayerPath
+
+    net = Mlp()
+    x, y = _classification()
+    laplace = _at_random_point(net, x, y, curvature, subset).laplace_approximation(x, y)
+    laplace.set_prior_precision({"hidden.weight": 0.5, "hidden.bias": 2.0, "out.weight": 3.0, "out.bias": 0.7}
+                                if subset == "all" else 0.9)  # fmt: skip
+    fn = _logits_fn(net)
+    fast = _LinearLayerPath(laplace, fn)(laplace.loc, x[:9])
+    assert fast is not None
+    reference = _jacobian_path(laplace, fn)(laplace.loc, x[:9])
+    _close(fast[0], reference[0])
+    _close(fast[1], reference[1])
+    prediction = laplace.predict(fn, x[:9], batch_size=4)  # the public call agrees too
+    _close(prediction.covariance, reference[1])
+
+
+def test_linear_layer_path_declines_what_it_cannot_do(float64):
+    """A site used outside F.linear (here as a matrix product) leaves the fast path (None) and
+    predict falls back to the Jacobian path."""
+    from pyro_sgmcmc.guides.predictive import _jacobian_path, _LinearLayerPath
+
+    net = Mlp()
+    x, y = _classification()
+    laplace = _at_random_point(net, x, y, "diag_ggn", "all").laplace_approximation(x, y)
+
+    def matmul(params, inputs):
+        hidden = torch.tanh(inputs @ params["hidden.weight"].T + params["hidden.bias"])
+        return hidden @ params["out.weight"].T + params["out.bias"]
+
+    assert _LinearLayerPath(laplace, matmul)(laplace.loc, x[:5]) is None
+    _close(laplace.predict(matmul, x[:5]).covariance, _jacobian_path(laplace, matmul)(laplace.loc, x[:5])[1])
