@@ -11,13 +11,16 @@
    * ``compiled potential``: the package's ``ModelPotential(model, jit_compile=True)``
      ``potential_and_grad`` on the flat vector with ``torch.optim.Adam``, the kernels' route;
    * ``torch loop``: a hand-written ``nn.Sequential`` + cross-entropy (sum times ``N / B``) + the
-     Gaussian prior as ``0.5 * ||theta||^2`` + ``torch.optim.Adam``.
+     Gaussian prior as ``0.5 * ||theta||^2`` + ``torch.optim.Adam``;
+   * then one whole fit of ``--fit-steps`` steps (3,000: the digits benchmark's MAP) each for
+     ``svi``, ``fit_map`` and the torch loop, seconds.
 
 2. **GLM predictive at scale**: an MLP ``64 -> H -> H -> 10`` (``--hidden``; 500 gives 288,010
    weights), the diagonal and Kronecker Laplace at a random point of the prior on 1,347 inputs,
    then the predictive's mean and covariance for ``--num-test`` inputs (probit link), ours
    (``laplace.predict``) against laplace-torch's ``la(x, pred_type="glm")`` on the same weights
-   when it is installed. Seconds, median of ``--repeats``.
+   when it is installed, both in chunks of 32 inputs (laplace-torch on all 450 at once ran out of
+   23 GB here). Seconds, median of ``--predict-repeats``.
 
 One torch thread (``--threads``). Run::
 
@@ -102,7 +105,10 @@ def map_step_times(args) -> dict:
     torch_optimizer = torch.optim.Adam(sequential.parameters(), lr=1e-2)
 
     def run_torch():
-        for _ in range(args.steps):
+        run_torch_steps(args.steps)
+
+    def run_torch_steps(count):
+        for _ in range(count):
             index = torch.randperm(n, generator=generator)[:batch]
             torch_optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(sequential(x[index]), y[index], reduction="sum") * (n / batch)
@@ -120,6 +126,14 @@ def map_step_times(args) -> dict:
     for name, fn in timed:
         results[name] = 1e3 * _median_time(fn, args.repeats) / args.steps
     results["compiled"] = bool(potential.compiled)
+    # a whole fit of --fit-steps steps (fit_map's one-off compilation included), seconds
+    results["whole_fit_steps"] = args.fit_steps
+    for name, fn in [
+        ("whole_fit_s_svi", lambda: [svi.step(x, y) for _ in range(args.fit_steps)]),
+        ("whole_fit_s_fit_map", lambda: guide.fit_map(x, y, num_steps=args.fit_steps, jit_compile=True)),
+        ("whole_fit_s_torch_loop", lambda: [run_torch_steps(1) for _ in range(args.fit_steps)]),
+    ]:
+        results[name] = _median_time(fn, 1)
     return results
 
 
@@ -166,7 +180,7 @@ def predictive_times(args) -> dict:
         row = {"num_weights": int(laplace.loc.numel()), "fit_s": fit}
         print(curvature, "fit", fit, flush=True)
         row["predict_s"] = _median_time(
-            lambda: laplace.predict(logits_fn(net), x_test, link="probit", batch_size=32), args.repeats
+            lambda: laplace.predict(logits_fn(net), x_test, link="probit", batch_size=32), args.predict_repeats
         )
         if laplace_torch is not None:
             params = laplace.params()
@@ -191,7 +205,7 @@ def predictive_times(args) -> dict:
                     chunks = [x_test[i : i + 32] for i in range(0, len(x_test), 32)]
                     return torch.cat([la(chunk, pred_type="glm", link_approx="probit") for chunk in chunks])
 
-            row["laplace_torch_predict_s"] = _median_time(their_predict, args.repeats)
+            row["laplace_torch_predict_s"] = _median_time(their_predict, args.predict_repeats)
             ours = laplace.predict(logits_fn(net), x_test, link="probit", batch_size=32)
             row["max_abs_probability_difference"] = float((ours - their_predict()).abs().max())
         row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
@@ -207,6 +221,9 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fit-steps", type=int, default=3000, help="steps of the whole-fit timing")
+    parser.add_argument("--skip-predictive", action="store_true")
+    parser.add_argument("--predict-repeats", type=int, default=1, help="rounds of the predictive timings")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--digits-hidden", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=500, help="width of the predictive benchmark's MLP")
@@ -214,7 +231,7 @@ def parse_args(argv=None):
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("laplace_speed_results.json"))
     args = parser.parse_args(argv)
     if args.tiny:
-        args.steps, args.repeats, args.hidden, args.num_test = 20, 1, 20, 50
+        args.steps, args.repeats, args.hidden, args.num_test, args.fit_steps = 20, 1, 20, 50, 50
     return args
 
 
@@ -226,6 +243,9 @@ def main(argv=None) -> dict:
     results["config"]["torch"] = torch.__version__
     results["map_step_ms"] = map_step_times(args)
     print("MAP step (ms):", json.dumps(results["map_step_ms"]))
+    if args.skip_predictive:
+        args.out.write_text(json.dumps(results, indent=2))
+        return results
     results["glm_predictive"] = predictive_times(args)
     print("GLM predictive:", json.dumps(results["glm_predictive"], indent=1))
     args.out.write_text(json.dumps(results, indent=2))
