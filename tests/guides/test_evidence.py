@@ -300,9 +300,9 @@ def test_float32_evidence_and_per_site_optimum_match_float64(curvature):
 @pytest.mark.parametrize("structure", ["diag", "kron", "full"])
 def test_evidence_matches_laplace_torch_at_every_prior_precision(float64, structure):
     """The same weights in an nn.Sequential fitted by laplace-torch (GGN): its log marginal
-    likelihood at several scalar precisions equals ours to relative 1e-7 (its GGN comes from
-    another backend: rounding of differently ordered sums, ~1e-10, and its K-FAC is the same
-    Kronecker model up to rounding)."""
+    likelihood at several scalar precisions, and at one per layer's weight and bias, equals ours
+    to relative 1e-7 (its GGN comes from another backend: rounding of differently ordered sums,
+    ~1e-10, and its K-FAC is the same Kronecker model up to rounding)."""
     laplace_torch = pytest.importorskip("laplace")
     curvature = {"diag": "diag_ggn", "kron": "kron", "full": "full_ggn"}[structure]
     net = Mlp()
@@ -323,6 +323,11 @@ def test_evidence_matches_laplace_torch_at_every_prior_precision(float64, struct
     for lam in [1e-2, 1.0, 3.7, 100.0]:
         reference = theirs.log_marginal_likelihood(prior_precision=torch.tensor([lam], dtype=torch.float64))
         _close(ours.log_marginal_likelihood(lam), reference.detach(), rtol=1e-7)
+    # one precision per parameter tensor (laplace-torch's layerwise prior, in model.parameters() order)
+    per_site = {"hidden.weight": 0.5, "hidden.bias": 2.0, "out.weight": 7.0, "out.bias": 0.1}
+    layerwise = torch.tensor(list(per_site.values()), dtype=torch.float64)
+    reference = theirs.log_marginal_likelihood(prior_precision=layerwise)
+    _close(ours.log_marginal_likelihood(per_site), reference.detach(), rtol=1e-7)
 
 
 # ------------------------------------------------------------------ digits (slow)
