@@ -323,9 +323,10 @@ class AutoLaplace(AutoLaplaceApproximation):
             MAP steps.
         optim : pyro.optim.PyroOptim, optional
             The MAP optimiser (default ``pyro.optim.Adam({"lr": 1e-2})``).
-        mode : {"scalar", "site"}
-            One precision, or one per latent site (per layer's weight and bias: laplace-torch's
-            ``prior_structure="layerwise"``).
+        mode : {"scalar", "site", "parameter"}
+            One precision, one per latent site (per layer's weight and bias: laplace-torch's
+            ``prior_structure="layerwise"``), or one per coordinate (``"diagonal"`` there; not
+            with ``"kron"``).
         prior_precision : float
             The starting precision.
         hyper_every, hyper_steps, hyper_lr, burnin : int, int, float, int

@@ -63,8 +63,10 @@ def gaussian_prior_loss(prior_mean: torch.Tensor, precision_fn):
 
 
 def _groups(laplace, mode: str) -> Tuple[torch.Tensor, list]:
-    if mode not in ("scalar", "site"):
-        raise ValueError(f"mode must be 'scalar' or 'site'; got {mode!r}")
+    if not isinstance(mode, str) or mode not in ("scalar", "site", "parameter"):
+        raise ValueError(f"mode must be 'scalar', 'site' or 'parameter'; got {mode!r}")
+    if mode == "parameter" and laplace.is_kron:
+        raise ValueError("mode='parameter' needs a diagonal or dense curvature ('kron' takes one precision per site)")
     return laplace._precision_groups(mode)
 
 
@@ -131,4 +133,6 @@ def marglik_training(
 def _as_dict(values: torch.Tensor, laplace, mode: str) -> Dict[str, torch.Tensor]:
     if mode == "scalar":
         return {name: values[0] for name in laplace.site_slices}
+    if mode == "parameter":
+        return {name: values[where] for name, where in laplace.site_slices.items()}
     return {name: values[number] for number, name in enumerate(laplace.site_slices)}
