@@ -61,8 +61,11 @@ class KroneckerPrecision:
             self.eigen[name] = pairs
         self.set_prior_precision(prior_precision)
 
-    def set_prior_precision(self, prior_precision: torch.Tensor) -> None:
+    def set_prior_precision(self, prior_precision: torch.Tensor, likelihood_scale=1.0) -> None:
+        """Use :math:`s\\,G \\otimes A + \\lambda_s I` per site (``likelihood_scale`` :math:`s`, e.g.
+        :math:`\\sigma_0^2/\\sigma^2` for another Gaussian noise scale)."""
         self.prior_precision = prior_precision
+        self.likelihood_scale = likelihood_scale
         self.eigenvalues = {}
         for number, name in enumerate(self.names):
             pairs = self.eigen[name]
@@ -70,12 +73,12 @@ class KroneckerPrecision:
                 spectrum = torch.outer(pairs[0][0], pairs[1][0])
             else:
                 spectrum = pairs[0][0]
-            self.eigenvalues[name] = spectrum + prior_precision[number]
+            self.eigenvalues[name] = spectrum * likelihood_scale + prior_precision[number]
 
-    def with_prior(self, prior_precision: torch.Tensor) -> "KroneckerPrecision":
+    def with_prior(self, prior_precision: torch.Tensor, likelihood_scale=1.0) -> "KroneckerPrecision":
         """The same factors with another prior precision (a copy; the eigenbases are shared)."""
         other = copy.copy(self)
-        other.set_prior_precision(prior_precision)
+        other.set_prior_precision(prior_precision, likelihood_scale)
         return other
 
     def site(self, name: str) -> "KroneckerPrecision":

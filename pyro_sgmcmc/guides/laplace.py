@@ -18,7 +18,7 @@ linearised predictive, the marginal likelihood and the prior for the next task.
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyro  # noqa: F401  (the docstring examples use it)
 import pyro.distributions as dist
@@ -31,12 +31,13 @@ from torch.distributions import biject_to
 from ..potential import ModelPotential
 from ._checks import check_bool, check_callable, check_positive_int, check_precision
 from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_terms
+from .evidence import GaussianNoise, gaussian_noise
 from .kron import KroneckerNormal, KroneckerPrecision
+from .laplace_evidence import EvidenceMixin, PriorPrecision
 from .predictive import GLMPrediction, linearized_predictive
+from .subset import check_subset, fix_sites, subset_names
 
 __all__ = ["AutoLaplace", "LaplaceApproximation"]
-
-PriorPrecision = Union[float, torch.Tensor, Mapping[str, Union[float, torch.Tensor]]]
 
 
 class AutoLaplace(AutoLaplaceApproximation):
@@ -83,6 +84,11 @@ class AutoLaplace(AutoLaplaceApproximation):
         Pyro init strategy for the MAP point (``init_to_sample`` breaks the symmetry of a network).
     disable_progbar : bool
         Hide the progress bar of the curvature sweep.
+    subset_of_weights : "all", "last_layer" or list of str
+        The sites the Gaussian covers; the others stay at the MAP (a point mass): ``"last_layer"``
+        is the weight and bias of the network's last ``F.linear`` (``nn.Linear``) call, as in
+        laplace-torch, or name the sites. Every curvature, the evidence and the GLM predictive
+        then work on those sites only; see :mod:`pyro_sgmcmc.guides.subset`.
 
     Examples
     --------
@@ -116,8 +122,10 @@ class AutoLaplace(AutoLaplaceApproximation):
         mc_fisher: bool = False,
         init_loc_fn=init_to_median,
         disable_progbar: bool = False,
+        subset_of_weights: Union[str, Sequence[str]] = "all",
     ) -> None:
         check_callable(model, "model")
+        self.subset_of_weights = check_subset(subset_of_weights)
         check_callable(init_loc_fn, "init_loc_fn")
         self.curvature = Curvature.parse(curvature)
         self.mc_fisher = check_bool(mc_fisher, "mc_fisher")
@@ -198,8 +206,11 @@ class AutoLaplace(AutoLaplaceApproximation):
                 f"the MAP point is not finite at sites {bad}: the SVI fit diverged (lower the learning rate, or "
                 "check the model's likelihood); there is no Laplace approximation around a non-finite point"
             )
-        potential = ModelPotential(self._raw_model, args, kwargs)
-        perm = _guide_permutation(self, potential)
+        names, fixed = self._split_sites(args, kwargs)
+        slices = _guide_slices(self)
+        loc = torch.cat([loc[slices[name][0] : slices[name][1]] for name in names])
+        potential = ModelPotential(fix_sites(self._raw_model, fixed), args, kwargs)
+        perm = _permutation(names, self._unconstrained_shapes, potential)
         position = torch.empty_like(loc)
         position[perm] = loc  # guide order -> potential (sorted-name) order
         likelihood = likelihood_curvature(
@@ -223,13 +234,110 @@ class AutoLaplace(AutoLaplaceApproximation):
             curvature=self.curvature,
             init_loc_fn=self._init_loc_fn,
             kron_factors=likelihood.kron_factors,
+            fixed=fixed,
+            noise=gaussian_noise(potential, position),
         )
-        approximation._copy_prototype(self)
-        approximation.set_prior_precision(self.prior_precision)
+        approximation._copy_prototype(self, names)
+        precision = self.prior_precision
+        if isinstance(precision, Mapping) and fixed:  # a dict over all sites (marglik_training): keep the subset's
+            precision = {name: value for name, value in precision.items() if name not in fixed}
+        approximation.set_prior_precision(precision)
         return approximation
 
+    def _split_sites(self, args, kwargs) -> Tuple[list, Dict[str, torch.Tensor]]:
+        """The names of the sites in the approximation (guide order) and ``{site: MAP value}`` of the others."""
+        all_names = [name for name, _ in self.prototype_trace.iter_stochastic_nodes()]
+        if self.subset_of_weights == "all":
+            return all_names, {}
+        with torch.no_grad():
+            values = {name: value.detach() for name, value in self.median().items()}
+        names = subset_names(self.subset_of_weights, all_names, self._raw_model, values, args, kwargs)
+        return names, {name: value for name, value in values.items() if name not in names}
 
-class LaplaceApproximation(AutoContinuous):
+    def fit_map(
+        self, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_compile="auto", **kwargs
+    ) -> List[float]:
+        """Fit the MAP point with Adam on the package's compiled potential (faster than SVI).
+
+        Minimises the same objective as ``SVI(model, guide, Adam, Trace_ELBO())``, the negative
+        unconstrained log joint with the likelihood of a fresh minibatch scaled by ``N / B``, but
+        through :meth:`~pyro_sgmcmc.ModelPotential.potential_and_grad` as the kernels do; with
+        ``jit_compile`` (``"auto"``: only when Pyro's validation is off and the model is
+        deterministic; ``True`` whenever the compiled function checks out) the model runs once and
+        later steps replay its tensor operations. See :mod:`pyro_sgmcmc.guides.fit`.
+
+        Parameters
+        ----------
+        num_steps : int
+            Adam steps, one minibatch each.
+        lr : float
+            Adam's learning rate.
+        seed : int
+            Seed of the minibatch generator.
+        jit_compile : bool or "auto"
+            As in :class:`~pyro_sgmcmc.ModelPotential`.
+
+        Returns
+        -------
+        list of float
+            The minibatch potential energy at each step.
+        """
+        from .fit import fit_map
+
+        return fit_map(self, *args, num_steps=num_steps, lr=lr, seed=seed, jit_compile=jit_compile, **kwargs)
+
+    def marglik_training(
+        self,
+        *args,
+        num_steps: int,
+        optim: Optional[pyro.optim.PyroOptim] = None,
+        mode: str = "site",
+        prior_precision: float = 1.0,
+        hyper_every: int = 100,
+        hyper_steps: int = 10,
+        hyper_lr: float = 0.1,
+        burnin: int = 0,
+        **kwargs,
+    ) -> "LaplaceApproximation":
+        """Fit the MAP and tune the prior precision in one run (online marginal likelihood, Immer et al. 2021).
+
+        ``num_steps`` optimiser steps (one minibatch each, as ``svi.step``) on the log joint with
+        the prior :math:`\\mathcal N(m, \\lambda^{-1})` in unconstrained space; after ``burnin``
+        steps, every ``hyper_every`` steps, a Laplace approximation is built at the current point
+        and ``hyper_steps`` Adam steps (learning rate ``hyper_lr``) on :math:`\\log\\lambda` raise
+        its standard evidence. See :mod:`pyro_sgmcmc.guides.marglik`. Call it with the model's
+        arguments, like ``svi.step``.
+
+        Parameters
+        ----------
+        num_steps : int
+            MAP steps.
+        optim : pyro.optim.PyroOptim, optional
+            The MAP optimiser (default ``pyro.optim.Adam({"lr": 1e-2})``).
+        mode : {"scalar", "site", "parameter"}
+            One precision, one per latent site (per layer's weight and bias: laplace-torch's
+            ``prior_structure="layerwise"``), or one per coordinate (``"diagonal"`` there; not
+            with ``"kron"``).
+        prior_precision : float
+            The starting precision.
+        hyper_every, hyper_steps, hyper_lr, burnin : int, int, float, int
+            The evidence-step schedule.
+
+        Returns
+        -------
+        LaplaceApproximation
+            At the final point, with the tuned prior precision (also left in
+            ``self.prior_precision``, so a later :meth:`laplace_approximation` uses it).
+        """
+        from .marglik import marglik_training
+
+        return marglik_training(
+            self, *args, num_steps=num_steps, optim=optim, mode=mode, prior_precision=prior_precision,
+            hyper_every=hyper_every, hyper_steps=hyper_steps, hyper_lr=hyper_lr, burnin=burnin, **kwargs,
+        )  # fmt: skip
+
+
+class LaplaceApproximation(EvidenceMixin, AutoContinuous):
     """The Gaussian guide :math:`\\mathcal N(\\theta_*, \\Lambda^{-1})` over all latent sites (unconstrained).
 
     Built by :meth:`AutoLaplace.laplace_approximation`. It is a Pyro
@@ -271,6 +379,14 @@ class LaplaceApproximation(AutoContinuous):
         ``curvature="kron"`` only: ``{site: (G, A)}`` for a weight, ``{site: (G,)}`` for a bias
         (see :class:`~pyro_sgmcmc.guides.kron.KroneckerPrecision`); ``likelihood_curvature`` is
         then the diagonal of these blocks.
+    fixed : dict, optional
+        ``{site: constrained value}`` of the sites outside the Gaussian (``subset_of_weights``):
+        point masses at the MAP. Calling the guide samples them as ``Delta`` sites, and
+        :meth:`median`, :meth:`quantiles` and :meth:`params` include them; :meth:`get_posterior`,
+        :attr:`covariance`, :meth:`as_prior` and the evidence are over the Gaussian's sites only.
+    noise : GaussianNoise, optional
+        The model's fixed Gaussian noise scale and number of observations, when its likelihood is
+        Gaussian of one fixed scale: the noise scale can then be tuned with the prior precision.
     """
 
     def __init__(
@@ -287,8 +403,13 @@ class LaplaceApproximation(AutoContinuous):
         curvature: str = "diag_ggn",
         init_loc_fn=init_to_median,
         kron_factors: Optional[Dict[str, tuple]] = None,
+        fixed: Optional[Dict[str, torch.Tensor]] = None,
+        noise: Optional[GaussianNoise] = None,
     ) -> None:
         super().__init__(model, init_loc_fn=init_loc_fn)
+        self._fixed = {name: value.detach() for name, value in (fixed or {}).items()}
+        self._noise = noise
+        self._sigma_noise: Optional[torch.Tensor] = None
         self._kron_factors = kron_factors
         self._kron: Optional[KroneckerPrecision] = None
         self.curvature = Curvature.parse(curvature)
@@ -303,13 +424,19 @@ class LaplaceApproximation(AutoContinuous):
         self._scale_tril: Optional[torch.Tensor] = None
 
     # ------------------------------------------------------------------ set-up
-    def _copy_prototype(self, guide: AutoContinuous) -> None:
-        """Reuse the prototype trace of the MAP guide instead of running the model again."""
-        self.prototype_trace = guide.prototype_trace
+    def _copy_prototype(self, guide: AutoContinuous, names: Optional[Sequence[str]] = None) -> None:
+        """Reuse the prototype trace of the MAP guide (restricted to the sites ``names``)."""
+        trace = guide.prototype_trace
+        if names is not None and len(names) < len(guide._unconstrained_shapes):
+            trace = trace.copy()
+            for name in set(guide._unconstrained_shapes) - set(names):
+                trace.remove_node(name)
+        keep = set(guide._unconstrained_shapes if names is None else names)
+        self.prototype_trace = trace
         self._prototype_frames = dict(guide._prototype_frames)
-        self._unconstrained_shapes = dict(guide._unconstrained_shapes)
-        self._cond_indep_stacks = dict(guide._cond_indep_stacks)
-        self.latent_dim = guide.latent_dim
+        self._unconstrained_shapes = {k: v for k, v in guide._unconstrained_shapes.items() if k in keep}
+        self._cond_indep_stacks = {k: v for k, v in guide._cond_indep_stacks.items() if k in keep}
+        self.latent_dim = sum(math.prod(shape) for shape in self._unconstrained_shapes.values())
         self.site_slices = {}
         offset = 0
         for name, _ in self.prototype_trace.iter_stochastic_nodes():
@@ -377,7 +504,7 @@ class LaplaceApproximation(AutoContinuous):
         except ValueError:
             self._prior_precision = previous
             if self._kron is not None:
-                self._kron.set_prior_precision(kron_previous)
+                self._kron.set_prior_precision(kron_previous, self._likelihood_scale())
             raise
 
     def _apply_prior_precision(self, prior_precision: Optional[PriorPrecision]) -> None:
@@ -388,7 +515,7 @@ class LaplaceApproximation(AutoContinuous):
             else:
                 self._prior_precision = self._precision_dict(prior_precision)
                 lambdas = self._site_values(self._precision_vector(self._prior_precision), "prior precision")
-            self._kron.set_prior_precision(lambdas)
+            self._kron.set_prior_precision(lambdas, self._likelihood_scale())
             bad = [name for name, ok in self._kron.is_positive().items() if not ok]
             if bad:
                 raise ValueError(f"the Laplace precision is not positive for sites {bad}; pass prior_precision=...")
@@ -400,13 +527,14 @@ class LaplaceApproximation(AutoContinuous):
                 )
             self._set_buffer("precision", variances.reciprocal())  # 1 / marginal variances
             return
+        h = self.likelihood_curvature * self._likelihood_scale()
         if prior_precision is None:
             self._prior_precision = None
-            precision = self.likelihood_curvature + self.prior_curvature
+            precision = h + self.prior_curvature
         else:
             self._prior_precision = self._precision_dict(prior_precision)
             vector = self._precision_vector(self._prior_precision)
-            precision = self.likelihood_curvature + (torch.diag(vector) if not self._diag_h else vector)
+            precision = h + (torch.diag(vector) if not self._diag_h else vector)
         self._set_precision(precision)
 
     @property
@@ -507,144 +635,33 @@ class LaplaceApproximation(AutoContinuous):
         return self._scale_tril @ self._scale_tril.T
 
     def params(self, latent: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
-        """Constrained site values ``{name: value}`` at ``latent`` (default: the MAP)."""
+        """Constrained site values ``{name: value}`` at ``latent`` (default: the MAP), fixed sites included."""
         latent = self.loc if latent is None else latent
-        return {
-            site["name"]: biject_to(site["fn"].support)(value) for site, value in self._unpack_latent(latent)
-        }  # fmt: skip
+        values = {site["name"]: biject_to(site["fn"].support)(value) for site, value in self._unpack_latent(latent)}
+        return {**self._fixed, **values}
 
-    # ------------------------------------------------------------------ evidence
-    def log_marginal_likelihood(self, prior_precision: Optional[PriorPrecision] = None) -> torch.Tensor:
-        """Laplace estimate of the log evidence :math:`\\log p(y)`.
+    @property
+    def fixed(self) -> Dict[str, torch.Tensor]:
+        """``{site: value}`` of the sites held at the MAP (empty unless ``subset_of_weights`` chose some)."""
+        return dict(self._fixed)
 
-        With the model's own prior (nothing set) it is the textbook formula
+    def forward(self, *args, **kwargs) -> Dict[str, torch.Tensor]:
+        """Draw the Gaussian's sites, and the fixed sites as ``Delta`` point masses at the MAP."""
+        result = super().forward(*args, **kwargs)
+        for name, value in self._fixed.items():
+            result[name] = pyro.sample(name, dist.Delta(value, event_dim=value.dim()))
+        return result
 
-        .. math::
-            \\log p(y) \\approx \\log p(y \\mid \\theta_*) + \\log p(\\theta_*)
-            + \\frac d2 \\log 2\\pi - \\frac12 \\log\\det\\Lambda .
+    def median(self, *args, **kwargs) -> Dict[str, torch.Tensor]:
+        """The posterior median of every site in constrained space (the fixed sites at the MAP)."""
+        return {**self._fixed, **super().median(*args, **kwargs)}
 
-        With a Gaussian prior :math:`\\mathcal N(m, \\mathrm{diag}(\\lambda)^{-1})` in place of the
-        model's it integrates the second-order expansion of the log-likelihood at :math:`\\theta_*`
-        against that prior. The fit makes :math:`\\theta_*` a stationary point of the model's log
-        joint, so the log-likelihood's gradient there is :math:`-\\nabla\\log p_{\\mathrm{model}}(\\theta_*)`,
-        and with :math:`b = \\nabla \\log p_\\lambda(\\theta_*) - \\nabla\\log p_{\\mathrm{model}}(\\theta_*)`,
-        :math:`\\Lambda = H_{\\mathrm{lik}} + \\mathrm{diag}(\\lambda)`:
-
-        .. math::
-            \\log p(y \\mid \\lambda) \\approx \\log p(y \\mid \\theta_*) + \\log p_\\lambda(\\theta_*)
-            + \\frac12 b^\\top \\Lambda^{-1} b + \\frac d2 \\log 2\\pi - \\frac12 \\log\\det\\Lambda .
-
-        :math:`b = 0` when the prior is the model's, so the two agree there; for a linear model
-        with Gaussian likelihood, prior and ``"full"`` curvature the result is the exact evidence
-        for every :math:`\\lambda`. The value is differentiable in ``prior_precision`` (a tensor).
-
-        Parameters
-        ----------
-        prior_precision : None, float, Tensor or dict
-            Evaluate at this prior precision (scalar, or ``{site: value}``) without changing the
-            approximation; by default the one in use.
-        """
-        if prior_precision is None and self._prior_precision is None:
-            return self._log_evidence(None)
-        if prior_precision is None:
-            vector = self._precision_vector(self._prior_precision)
-        else:
-            vector = self._vector_from(prior_precision, "prior_precision")
-        return self._log_evidence(vector)
-
-    def _vector_from(self, precision: PriorPrecision, name: str) -> torch.Tensor:
-        parts = self._precision_from(precision, name)
-        return torch.cat([parts[site].expand(where.stop - where.start) for site, where in self.site_slices.items()])
-
-    def _log_evidence(self, precision: Optional[torch.Tensor]) -> torch.Tensor:
-        d = self.loc.shape[0]
-        constant = 0.5 * d * math.log(2 * math.pi)
-        if self._kron is not None:
-            if precision is None:
-                kron = self._kron.with_prior(self._site_values(self.prior_curvature, "prior curvature"))
-                return self.log_likelihood + self.prior_log_density + constant - 0.5 * kron.logdet()
-            kron = self._kron.with_prior(self._site_values(precision, "prior precision"))
-            offset = self.loc - self.prior_mean
-            log_prior = 0.5 * (precision.log() - math.log(2 * math.pi) - precision * offset**2).sum()
-            b = -precision * offset - self.prior_grad
-            return self.log_likelihood + log_prior + 0.5 * kron.quadratic(b) + constant - 0.5 * kron.logdet()
-        if precision is None:
-            lam = self.likelihood_curvature + self.prior_curvature
-            return self.log_likelihood + self.prior_log_density + constant - 0.5 * _logdet(lam)
-        offset = self.loc - self.prior_mean
-        log_prior = 0.5 * (precision.log() - math.log(2 * math.pi) - precision * offset**2).sum()
-        b = -precision * offset - self.prior_grad
-        if self._diag_h:
-            lam = self.likelihood_curvature + precision
-            quadratic = (b**2 / lam).sum()
-            logdet = lam.log().sum()
-        else:
-            lam = self.likelihood_curvature + torch.diag(precision)
-            cholesky = torch.linalg.cholesky(lam)
-            quadratic = torch.cholesky_solve(b.unsqueeze(-1), cholesky).squeeze(-1) @ b
-            logdet = 2 * cholesky.diagonal().log().sum()
-        return self.log_likelihood + log_prior + 0.5 * quadratic + constant - 0.5 * logdet
-
-    def optimize_prior_precision(
-        self,
-        mode: str = "scalar",
-        *,
-        init: Optional[PriorPrecision] = None,
-        max_iter: int = 200,
-    ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
-        """Maximise :meth:`log_marginal_likelihood` over the prior precision, then use it.
-
-        Optimises :math:`\\log\\lambda` with L-BFGS (strong Wolfe line search); every evaluation is
-        ``O(d)`` for a diagonal curvature and one Cholesky factorisation for a dense one.
-
-        Parameters
-        ----------
-        mode : {"scalar", "site"}
-            One precision for all sites, or one per latent site (for a network written with
-            ``PyroSample`` weights and biases, one per layer's weight and one per layer's bias).
-        init : float or dict, optional
-            Starting point; by default the mean prior curvature of each group (1 if not positive).
-        max_iter : int
-            Maximum L-BFGS iterations.
-
-        Returns
-        -------
-        Tensor or dict
-            The optimum: a 0-dim tensor (``"scalar"``) or ``{site: tensor}`` (``"site"``).
-        """
-        if not isinstance(mode, str) or mode not in ("scalar", "site"):
-            raise ValueError(f"mode must be 'scalar' or 'site'; got {mode!r}")
-        max_iter = check_positive_int(max_iter, "max_iter")
-        names = list(self.site_slices)
-        groups = torch.zeros(self.loc.shape[0], dtype=torch.long, device=self.loc.device)
-        if mode == "site":
-            for number, name in enumerate(names):
-                groups[self.site_slices[name]] = number
-        num_groups = int(groups.max()) + 1
-        prior_diag = self.prior_curvature if self.prior_curvature.dim() == 1 else self.prior_curvature.diagonal()
-        if init is None:
-            start = torch.stack([prior_diag[groups == g].mean() for g in range(num_groups)])
-            start = torch.where(torch.isfinite(start) & (start > 0), start, torch.ones_like(start))
-        else:
-            vector = self._vector_from(init, "init")
-            start = torch.stack([vector[groups == g].mean() for g in range(num_groups)])
-        log_precision = start.log().detach().clone().requires_grad_(True)
-        optimizer = torch.optim.LBFGS([log_precision], max_iter=max_iter, line_search_fn="strong_wolfe")
-
-        def closure():
-            optimizer.zero_grad()
-            loss = -self._log_evidence(log_precision.exp()[groups])
-            loss.backward()
-            return loss
-
-        with torch.enable_grad():
-            optimizer.step(closure)
-        optimum = log_precision.detach().exp()
-        if mode == "scalar":
-            self.set_prior_precision(optimum[0])
-            return optimum[0]
-        result = {name: optimum[number] for number, name in enumerate(names)}
-        self.set_prior_precision(result)
+    def quantiles(self, quantiles, *args, **kwargs) -> Dict[str, torch.Tensor]:
+        """Marginal quantiles in constrained space; a fixed site repeats its MAP value."""
+        result = super().quantiles(quantiles, *args, **kwargs)
+        count = len(quantiles)
+        for name, value in self._fixed.items():
+            result[name] = value.expand((count,) + value.shape).clone()
         return result
 
     # ------------------------------------------------------------------ continual learning
@@ -735,28 +752,21 @@ def _guide_slices(guide) -> Dict[str, tuple]:
     return slices
 
 
-def _logdet(precision: torch.Tensor) -> torch.Tensor:
-    if precision.dim() == 1:
-        return precision.log().sum()
-    return 2 * torch.linalg.cholesky(precision).diagonal().log().sum()
-
-
 def _is_identity(transform) -> bool:
     while isinstance(transform, torch.distributions.transforms.IndependentTransform):
         transform = transform.base_transform
     return isinstance(transform, torch.distributions.transforms.ComposeTransform) and not transform.parts
 
 
-def _guide_permutation(guide: AutoContinuous, potential: ModelPotential) -> torch.Tensor:
-    """Indices ``perm`` with ``guide_vector = potential_vector[perm]``."""
+def _permutation(names: Sequence[str], shapes: Mapping[str, torch.Size], potential: ModelPotential) -> torch.Tensor:
+    """Indices ``perm`` with ``guide_vector = potential_vector[perm]`` for the guide's sites ``names``."""
     by_name = {site.name: site for site in potential.sites}
-    names = [name for name, _ in guide.prototype_trace.iter_stochastic_nodes()]
     if sorted(names) != sorted(by_name):
-        raise ValueError(f"the guide's latent sites {names} differ from the model's {sorted(by_name)}")
+        raise ValueError(f"the guide's latent sites {list(names)} differ from the model's {sorted(by_name)}")
     parts = []
     for name in names:
         site = by_name[name]
-        if tuple(site.unconstrained_shape) != tuple(guide._unconstrained_shapes[name]):
+        if tuple(site.unconstrained_shape) != tuple(shapes[name]):
             raise ValueError(f"site {name!r} changed shape since the guide was set up")
         parts.append(torch.arange(site.offset, site.offset + site.numel))
     return torch.cat(parts)

@@ -23,6 +23,7 @@ import math
 from typing import Callable, Dict, NamedTuple, Optional, Union
 
 import torch
+from torch.distributions import biject_to
 
 from ._checks import check_callable, check_positive_int
 
@@ -107,36 +108,28 @@ def linearized_predictive(
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be None or a torch.Generator; got {generator!r}")
     theta = laplace.loc.detach()
-    kron = laplace._kron
-    if kron is not None:
-        factor = None  # Sigma = Q S^-1 Q^T: J Sigma J^T = W W^T with W = whiten(J)
-    else:
-        factor = laplace.covariance if laplace.is_diagonal else laplace._scale_tril  # Sigma = diag(v) or L L^T
-
-    def output(latent, inputs):
-        return fn(laplace.params(latent), inputs)
-
-    def single(latent, xi):
-        return output(latent, xi.unsqueeze(0)).squeeze(0)
-
-    jacobian = torch.func.vmap(torch.func.jacrev(single), in_dims=(None, 0))
+    jacobian_batch = _jacobian_path(laplace, fn)
+    fast = None if not (laplace.is_diagonal or laplace.is_kron) else _LinearLayerPath(laplace, fn)
     means, covariances = [], []
     with torch.no_grad():
         for start in range(0, x.shape[0], batch_size):
             xb = x[start : start + batch_size]
-            mean = output(theta, xb)
-            jac = jacobian(theta, xb).reshape(xb.shape[0], -1, theta.shape[0])  # (b, K, d)
-            if kron is not None:
-                scaled = kron.whiten(jac)
-                cov = scaled @ scaled.transpose(-1, -2)
-            elif laplace.is_diagonal:
-                cov = torch.einsum("bkd,d,bld->bkl", jac, factor, jac)
-            else:
-                scaled = jac @ factor  # J L
-                cov = scaled @ scaled.transpose(-1, -2)
-            means.append(mean.detach())
-            covariances.append(cov)
+            result = None
+            if fast is not None:
+                result = fast(theta, xb)
+                if result is not None and start == 0 and not _agrees(result, jacobian_batch(theta, xb[:2])):
+                    result = None  # examples interact, or a layer is used outside F.linear
+                if result is None:
+                    fast = None
+            if result is None:
+                result = jacobian_batch(theta, xb)
+            means.append(result[0].detach())
+            covariances.append(result[1])
     mean, covariance = torch.cat(means), torch.cat(covariances)
+    return _link(mean, covariance, link, num_samples, generator)
+
+
+def _link(mean, covariance, link, num_samples, generator):
     if link in (None, "identity"):
         return GLMPrediction(mean, covariance)
     out_shape = mean.shape[1:]
@@ -154,3 +147,145 @@ def linearized_predictive(
     draws = mu + torch.einsum("nkl,snl->snk", root, noise)
     probs = torch.sigmoid(draws) if binary else torch.softmax(draws, dim=-1)
     return probs.mean(0).reshape(mean.shape[0], *out_shape)
+
+
+# ---------------------------------------------------------------------------------- the Jacobian path
+def _jacobian_path(laplace, fn):
+    """``(theta, xb) -> (mean, covariance)`` from per-input Jacobians (``vmap(jacrev)``), any network."""
+    kron = laplace._kron
+    if kron is not None:
+        factor = None  # Sigma = Q S^-1 Q^T: J Sigma J^T = W W^T with W = whiten(J)
+    else:
+        factor = laplace.covariance if laplace.is_diagonal else laplace._scale_tril  # Sigma = diag(v) or L L^T
+
+    def output(latent, inputs):
+        return fn(laplace.params(latent), inputs)
+
+    def single(latent, xi):
+        return output(latent, xi.unsqueeze(0)).squeeze(0)
+
+    jacobian = torch.func.vmap(torch.func.jacrev(single), in_dims=(None, 0))
+
+    def batch(theta, xb):
+        mean = output(theta, xb)
+        jac = jacobian(theta, xb).reshape(xb.shape[0], -1, theta.shape[0])  # (b, K, d)
+        if kron is not None:
+            scaled = kron.whiten(jac)
+            return mean, scaled @ scaled.transpose(-1, -2)
+        if laplace.is_diagonal:
+            return mean, torch.einsum("bkd,d,bld->bkl", jac, factor, jac)
+        scaled = jac @ factor  # J L
+        return mean, scaled @ scaled.transpose(-1, -2)
+
+    return batch
+
+
+def _agrees(fast, reference) -> bool:
+    """Do the fast path's first inputs match the Jacobian path (to rounding of the dtype)?"""
+    count = reference[1].shape[0]
+    tolerance = 1e-4 if reference[1].dtype == torch.float32 else 1e-9
+    cov, ref = fast[1][:count], reference[1]
+    scale = ref.abs().max().clamp(min=torch.finfo(ref.dtype).tiny)
+    return bool(((cov - ref).abs().max() / scale) <= tolerance) and bool(
+        torch.allclose(fast[0][:count], reference[0], rtol=tolerance, atol=tolerance * float(scale))
+    )
+
+
+class _LinearLayerPath:
+    r"""``J \Sigma J^\top`` for networks of ``F.linear`` layers without forming ``J`` (diagonal and K-FAC).
+
+    For a layer :math:`z = W a + b` the Jacobian of output :math:`k` with respect to ``vec(W)``
+    is :math:`\delta_k \otimes a`, :math:`\delta_k = \partial f_k / \partial z` (one batched
+    backward pass per output column gives all :math:`\delta_k`). With a diagonal covariance
+    :math:`V` (shape of ``W``): :math:`[J V J^\top]_{kl} = \sum_i \delta_{ki}\delta_{li}
+    (V a^{\circ 2})_i`; with a K-FAC block :math:`(U_G\otimes U_A) \mathrm{diag}(E)^{-1}
+    (U_G\otimes U_A)^\top`: :math:`\sum_i \tilde\delta_{ki}\tilde\delta_{li}
+    \sum_j \tilde a_j^2 / E_{ij}`, :math:`\tilde\delta = U_G^\top\delta`, :math:`\tilde a = U_A^\top a`.
+    The cost is that of a few backward passes and small matrix products, instead of a
+    ``(b, K, d)`` Jacobian. Returns ``None`` where it does not apply (a latent site not the weight
+    or bias of exactly one ``F.linear`` call on ``(batch, in)`` inputs, or a constrained site);
+    the caller also checks the first inputs against the Jacobian path.
+    """
+
+    def __init__(self, laplace, fn):
+        self.laplace = laplace
+        self.fn = fn
+        self.variances = None if laplace.is_kron else laplace.covariance
+        sites = laplace.prototype_trace.iter_stochastic_nodes()
+        self.unconstrained = all(_identity(site["fn"].support) for _, site in sites)
+
+    def __call__(self, theta, xb):
+        from .curvature import _LinearRecorder
+
+        laplace = self.laplace
+        names = list(laplace.site_slices)
+        if not self.unconstrained:
+            return None  # a constrained site: the layer sees a transform of theta, not theta
+        with torch.enable_grad():
+            params = laplace.params(theta.detach().requires_grad_(True))
+            latent = {name: params[name] for name in names}
+            recorder = _LinearRecorder({id(value): name for name, value in latent.items()})
+            with recorder:
+                out = self.fn(params, xb)
+            batch = xb.shape[0]
+            used = []
+            for weight_name, bias_name, inputs, z in recorder.calls:
+                if inputs.dim() != 2 or inputs.shape[0] != batch or z.dim() != 2:
+                    return None
+                used += [n for n in (weight_name, bias_name) if n is not None]
+            if sorted(used) != sorted(names) or out.shape[0] != batch:
+                return None
+            flat = out.reshape(batch, -1)
+            num_outputs = flat.shape[1]
+            outputs = [z for _, _, _, z in recorder.calls]
+            basis = torch.eye(num_outputs, dtype=flat.dtype, device=flat.device)
+            cotangents = basis.unsqueeze(1).expand(num_outputs, *flat.shape)
+            try:
+                deltas = torch.autograd.grad(flat, outputs, grad_outputs=cotangents, is_grads_batched=True,
+                                             allow_unused=True)  # fmt: skip
+            except RuntimeError:
+                return None
+        covariance = flat.new_zeros(batch, num_outputs, num_outputs)
+        for (weight_name, bias_name, inputs, z), delta in zip(recorder.calls, deltas):
+            if delta is None:
+                continue
+            delta = delta.detach()  # (K, b, out)
+            a = inputs.detach()
+            if weight_name is not None:
+                covariance += _gram(*self._weight_factor(weight_name, delta, a))
+            if bias_name is not None:
+                covariance += _gram(*self._bias_factor(bias_name, delta))
+        return out.detach(), covariance
+
+    def _weight_factor(self, name, delta, a):
+        where = self.laplace.site_slices[name]
+        if self.variances is not None:
+            v = self.variances[where].reshape(delta.shape[-1], a.shape[-1])
+            return delta, (a**2) @ v.T  # (b, out)
+        kron = self.laplace._kron
+        (_, u_g), (_, u_a) = kron.eigen[name]
+        rotated = delta @ u_g  # (K, b, out): U_G^T delta per row
+        weights = (a @ u_a) ** 2 @ kron.eigenvalues[name].reciprocal().T  # (b, out)
+        return rotated, weights
+
+    def _bias_factor(self, name, delta):
+        where = self.laplace.site_slices[name]
+        if self.variances is not None:
+            return delta, self.variances[where].expand(delta.shape[1], -1)
+        kron = self.laplace._kron
+        ((_, u_g),) = kron.eigen[name]
+        return delta @ u_g, kron.eigenvalues[name].reciprocal().expand(delta.shape[1], -1)
+
+
+def _gram(delta, weights):
+    r""":math:`\sum_i \delta_{kbi}\delta_{lbi} w_{bi}` as ``(b, K, K)``."""
+    scaled = delta * weights.sqrt()  # (K, b, out)
+    scaled = scaled.permute(1, 0, 2)  # (b, K, out)
+    return scaled @ scaled.transpose(-1, -2)
+
+
+def _identity(support) -> bool:
+    transform = biject_to(support)
+    while isinstance(transform, torch.distributions.transforms.IndependentTransform):
+        transform = transform.base_transform
+    return isinstance(transform, torch.distributions.transforms.ComposeTransform) and not transform.parts

@@ -186,18 +186,20 @@ def test_svi_fits_the_map_minibatch_by_minibatch(float64):
 
 
 # ------------------------------------------------------------------ marginal likelihood
-def test_log_marginal_likelihood_is_the_exact_evidence(regression):
-    """At the model's own prior (textbook formula) and at other prior precisions (second-order
-    expansion at the MAP), against log N(y; 0, sigma^2 I + X Sigma_0 X^T)."""
+def test_refit_log_marginal_likelihood_is_the_exact_evidence(regression):
+    """At the model's own prior (textbook formula) and, with evidence="refit", at other prior
+    precisions (second-order expansion at the MAP), against log N(y; 0, sigma^2 I + X Sigma_0 X^T)."""
     x, y = regression
     _, mean = _exact_posterior(x, y, MODEL_PRECISION)
     laplace = _laplace(linear_model, x, y, "full", mean)
     _close(laplace.log_marginal_likelihood(), _exact_log_evidence(x, y, MODEL_PRECISION))
     for value in [0.1, 1.0, 30.0]:
-        _close(laplace.log_marginal_likelihood(value), _exact_log_evidence(x, y, torch.full((4,), value)))
+        _close(
+            laplace.log_marginal_likelihood(value, evidence="refit"), _exact_log_evidence(x, y, torch.full((4,), value))
+        )
     per_site = {"b": 0.05, "w": 3.0}
     exact = _exact_log_evidence(x, y, torch.tensor([0.05, 3.0, 3.0, 3.0]))
-    _close(laplace.log_marginal_likelihood(per_site), exact)
+    _close(laplace.log_marginal_likelihood(per_site, evidence="refit"), exact)
     # the same numbers with a diagonal curvature when the design is orthogonal (X^T X diagonal)
     q, _ = torch.linalg.qr(torch.randn(N, D + 1, generator=torch.Generator().manual_seed(3)))
     x_orth = q[:, 1:] - q[:, 1:].mean(0)  # centred columns: orthogonal to the intercept column
@@ -206,11 +208,31 @@ def test_log_marginal_likelihood_is_the_exact_evidence(regression):
     assert (precision - torch.diag(precision.diagonal())).abs().max() < 1e-12
     diagonal = _laplace(linear_model, x_orth, y, "diag_ggn", mean)
     _close(diagonal.log_marginal_likelihood(), _exact_log_evidence(x_orth, y, MODEL_PRECISION))
-    _close(diagonal.log_marginal_likelihood(7.0), _exact_log_evidence(x_orth, y, torch.full((4,), 7.0)))
+    _close(
+        diagonal.log_marginal_likelihood(7.0, evidence="refit"), _exact_log_evidence(x_orth, y, torch.full((4,), 7.0))
+    )
 
 
-def test_optimize_prior_precision_finds_the_exact_evidence_maximiser(regression):
-    """Scalar and per-site optima against scipy's maximiser of the closed-form evidence. Both
+def test_standard_evidence_is_exact_at_the_map_of_each_prior_precision(regression):
+    """The standard evidence keeps theta_* fixed; for Bayesian linear regression it is the exact
+    evidence when theta_* is the MAP *of that prior* (the log-likelihood is quadratic, so the Laplace
+    integral at the right MAP is exact), and below it at another prior's MAP (the exact evidence
+    is the refit one, which adds 1/2 b^T Lambda^-1 b >= 0). Float64 rounding: relative 1e-9."""
+    x, y = regression
+    for value in [0.1, 1.0, 30.0]:
+        lam = torch.full((4,), value)
+        _, mean = _exact_posterior(x, y, lam)
+        laplace = _laplace(linear_model, x, y, "full", mean)
+        _close(laplace.log_marginal_likelihood(value), _exact_log_evidence(x, y, lam))
+    _, mean = _exact_posterior(x, y, MODEL_PRECISION)
+    laplace = _laplace(linear_model, x, y, "full", mean)
+    for value in [0.1, 30.0]:  # theta_* is not the MAP of these priors: strictly below the exact evidence
+        gap = _exact_log_evidence(x, y, torch.full((4,), value)) - laplace.log_marginal_likelihood(value)
+        assert gap > 1e-6, gap
+
+
+def test_refit_optimize_prior_precision_finds_the_exact_evidence_maximiser(regression):
+    """With evidence="refit": scalar and per-site optima against scipy's maximiser of the closed-form evidence. Both
     optimisers stop at gradient tolerances near 1e-7 on a smooth 1-2 parameter problem, so the
     optima agree to relative 1e-4."""
     x, y = regression
@@ -222,13 +244,13 @@ def test_optimize_prior_precision_finds_the_exact_evidence_maximiser(regression)
         return -_exact_log_evidence(x, y, lam).item()
 
     scalar = scipy.optimize.minimize(negative_exact, [0.0], args=([0, 0, 0, 0],), method="BFGS", tol=1e-10)
-    optimum = laplace.optimize_prior_precision("scalar")
+    optimum = laplace.optimize_prior_precision("scalar", evidence="refit")
     assert abs(optimum.item() / math.exp(scalar.x[0]) - 1) < 1e-4
     _close(laplace.prior_precision["w"], optimum)
     # the approximation now uses the optimised Gaussian prior: precision = X^T X / sigma^2 + lambda I
     _close(laplace.precision, _design(x).T @ _design(x) / SIGMA**2 + optimum * torch.eye(4))
     site = scipy.optimize.minimize(negative_exact, [0.0, 0.0], args=([0, 1, 1, 1],), method="BFGS", tol=1e-10)
-    optima = laplace.optimize_prior_precision("site")
+    optima = laplace.optimize_prior_precision("site", evidence="refit")
     assert abs(optima["b"].item() / math.exp(site.x[0]) - 1) < 1e-4
     assert abs(optima["w"].item() / math.exp(site.x[1]) - 1) < 1e-4
     laplace.set_prior_precision(None)  # back to the model's prior
@@ -449,3 +471,70 @@ def test_diagonal_as_prior_keeps_each_sites_own_event_dims(float64):
         "w": (3,), "s": (), "b": (4,), "p": (3,)
     }  # fmt: skip
     assert torch.isfinite(trace.log_prob_sum())
+
+
+# ------------------------------------------------------------------ Gaussian noise scale
+def _ridge(x, y, lam, sigma):
+    design = _design(x)
+    precision = design.T @ design / sigma**2 + lam * torch.eye(D + 1)
+    return torch.linalg.solve(precision, design.T @ y / sigma**2)
+
+
+def _exact_evidence_at(x, y, lam, sigma):
+    design = _design(x)
+    covariance = sigma**2 * torch.eye(len(y)) + design @ design.T / lam
+    return dist.MultivariateNormal(torch.zeros(len(y)), covariance).log_prob(y)
+
+
+def test_evidence_at_another_noise_scale_is_exact_at_its_map(regression):
+    """The model's noise is SIGMA = 0.5; at (lambda, sigma) with theta_* the MAP of that prior and
+    noise, the standard evidence with sigma_noise=sigma is the exact evidence
+    log N(y; 0, sigma^2 I + X X^T / lambda) (the log-likelihood is quadratic). Float64: 1e-9."""
+    x, y = regression
+    for lam, sigma in [(0.5, 0.3), (4.0, 1.2)]:
+        laplace = _laplace(linear_model, x, y, "full", _ridge(x, y, lam, sigma))
+        assert laplace.has_gaussian_noise
+        _close(laplace.log_marginal_likelihood(lam, sigma_noise=sigma), _exact_evidence_at(x, y, lam, sigma))
+        laplace.set_prior_precision(lam)
+        laplace.set_sigma_noise(sigma)  # the precision follows: X^T X / sigma^2 + lambda I
+        _close(laplace.precision, _design(x).T @ _design(x) / sigma**2 + lam * torch.eye(D + 1))
+        _close(laplace.log_marginal_likelihood(), _exact_evidence_at(x, y, lam, sigma))
+
+
+def test_tune_sigma_noise_finds_the_joint_maximiser(regression):
+    """At a fixed theta_*, (lambda, sigma) against scipy's maximiser of the evidence written from
+    the data directly: sum log N(y | X theta_*, sigma) + log N(theta_* | 0, 1/lambda) + d/2 log 2 pi
+    - 1/2 log det(X^T X / sigma^2 + lambda I). A smooth 2-d problem, both optimisers at gradient
+    tolerances ~1e-8: relative 1e-5."""
+    x, y = regression
+    theta = _ridge(x, y, 1.0, SIGMA)
+    laplace = _laplace(linear_model, x, y, "full", theta)
+    design = _design(x)
+
+    def negative(params):
+        lam, sigma = math.exp(params[0]), math.exp(params[1])
+        log_lik = dist.Normal(design @ theta, sigma).log_prob(y).sum()
+        log_prior = dist.Normal(0.0, lam**-0.5).log_prob(theta).sum()
+        logdet = torch.logdet(design.T @ design / sigma**2 + lam * torch.eye(D + 1))
+        return -(log_lik + log_prior + 0.5 * (D + 1) * math.log(2 * math.pi) - 0.5 * logdet).item()
+
+    reference = np.exp(scipy.optimize.minimize(negative, [0.0, 0.0], method="BFGS", tol=1e-12).x)
+    optimum = laplace.optimize_prior_precision("scalar", tune_sigma_noise=True)
+    assert abs(optimum.item() / reference[0] - 1) < 1e-5, (optimum, reference)
+    assert abs(laplace.sigma_noise.item() / reference[1] - 1) < 1e-5, (laplace.sigma_noise, reference)
+    assert abs(laplace.sigma_noise.item() / SIGMA - 1) > 1e-2  # the data's own noise differs from the model's
+
+
+def test_sigma_noise_needs_a_fixed_gaussian_likelihood(float64):
+    def logistic(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", len(y)):
+            pyro.sample("y", dist.Bernoulli(logits=x @ w), obs=y)
+
+    x = torch.randn(20, 2, generator=torch.Generator().manual_seed(0))
+    laplace = _laplace(logistic, x, (x[:, 0] > 0).double(), "full", torch.zeros(2))
+    assert not laplace.has_gaussian_noise
+    with pytest.raises(ValueError, match="tune_sigma_noise=True needs a Gaussian likelihood"):
+        laplace.optimize_prior_precision(tune_sigma_noise=True)
+    with pytest.raises(ValueError, match="sigma_noise needs a Gaussian likelihood"):
+        laplace.log_marginal_likelihood(1.0, sigma_noise=0.5)
