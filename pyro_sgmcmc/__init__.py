@@ -18,7 +18,7 @@ from .kernels import (
     SGMCMCState,
     SlowMixingWarning,
 )
-from .mcmc import MCMC
+from .mcmc import MCMC, PartialRun, PartialRunWarning, RunNotFinished
 from .potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
 from .uncertainty import UncertaintyDecomposition, decompose_uncertainty
@@ -27,6 +27,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MCMC",
+    "PartialRun",
+    "PartialRunWarning",
+    "RunNotFinished",
     "to_inference_data",
     "nested_rhat",
     "nested_rhat_threshold",

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numbers
 import os
-from collections import deque
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Union
 
 import pyro
 import pyro.infer
@@ -25,11 +25,57 @@ import torch
 from pyro.util import optional
 
 from .checkpoint import load_checkpoint, save_checkpoint
+from .draws import DrawStore
 from .kernels.base import SGMCMCKernel
 
-__all__ = ["MCMC"]
+__all__ = ["MCMC", "PartialRun", "PartialRunWarning", "RunNotFinished"]
 
 _CHAIN_METHODS = ("default", "vectorized")
+
+
+class PartialRunWarning(UserWarning):
+    """The draws read come from a run that stopped before its end (see :attr:`MCMC.partial`)."""
+
+
+class RunNotFinished(RuntimeError):
+    """There are no draws to read: the run was not started, or stopped before its first kept draw."""
+
+
+class PartialRun(NamedTuple):
+    """Where an interrupted run stopped (:attr:`MCMC.partial`).
+
+    Attributes
+    ----------
+    steps_done, total_steps : int
+        Steps completed (warmup included) and the steps of the complete run.
+    num_draws, num_samples : int
+        Draws kept per chain so far, and those a complete run keeps.
+    error : str
+        The exception that stopped the run (type and message).
+    checkpoint_path : str or None
+        The run's checkpoint, from which :meth:`MCMC.run` with the same settings resumes.
+    """
+
+    steps_done: int
+    total_steps: int
+    num_draws: int
+    num_samples: int
+    error: str
+    checkpoint_path: Optional[str]
+
+    def describe(self) -> str:
+        """One sentence: where the run stopped, what is kept, how to continue."""
+        if self.checkpoint_path is not None:
+            resume = (
+                f"call run() again with the same settings and checkpoint_path={self.checkpoint_path!r} "
+                "to resume from its last checkpoint"
+            )
+        else:
+            resume = "run it again (pass checkpoint_path to be able to resume an interrupted run)"
+        return (
+            f"the run stopped at step {self.steps_done} of {self.total_steps} ({self.error}) with "
+            f"{self.num_draws} of {self.num_samples} draws per chain; {resume}"
+        )
 
 
 class MCMC(pyro.infer.MCMC):
@@ -83,6 +129,10 @@ disable_validation, transforms, save_params :
         ``temperature`` and the kernel's own (``kinetic_energy``, ``thermostat``).
     superchain_ids : Tensor ``(num_chains,)``
         The superchain of each chain.
+    partial : PartialRun or None
+        ``None`` after a complete run; after a run stopped by an exception (``KeyboardInterrupt``
+        included), where it stopped. The draws kept until then are readable and every reader warns
+        with :class:`PartialRunWarning`; with none kept, the readers raise :class:`RunNotFinished`.
 
     Examples
     --------
@@ -154,6 +204,7 @@ disable_validation, transforms, save_params :
         self.keep_last = keep_last
         self.seed = None if seed is None else int(seed)
         self.sample_stats: Dict[str, torch.Tensor] = {}
+        self.partial: Optional[PartialRun] = None
         self.superchain_ids = torch.arange(num_chains) // (num_chains // self.num_superchains)
         if checkpoint_every is not None:
             _check_positive_int(checkpoint_every, "checkpoint_every")
@@ -215,27 +266,83 @@ disable_validation, transforms, save_params :
 
     @poutine.block
     def run(self, *args, **kwargs) -> None:
-        """Run the chains on ``model(*args, **kwargs)`` and store the draws (see :class:`pyro.infer.MCMC`)."""
+        """Run the chains on ``model(*args, **kwargs)`` and store the draws (see :class:`pyro.infer.MCMC`).
+
+        If the run stops early (``KeyboardInterrupt`` or any exception, re-raised), the draws kept so
+        far stay readable: :meth:`get_samples`, :meth:`summary`, :meth:`diagnostics` and
+        :func:`~pyro_sgmcmc.to_inference_data` give them with a :class:`PartialRunWarning`, and
+        :attr:`partial` says where the run stopped and how to resume it.
+        """
         if self.chain_method == "default":
             return super().run(*args, **kwargs)
         self._args, self._kwargs = args, kwargs
+        self._samples, self.sample_stats, self.partial = None, {}, None
         kernel: SGMCMCKernel = self.kernel
-        with optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
-            args = tuple(arg.detach() if torch.is_tensor(arg) else arg for arg in args)
-            kernel.setup_chains(
-                self.warmup_steps,
-                args,
-                kwargs,
-                num_chains=self.num_chains,
-                initial_params=self.initial_params,
-                num_superchains=self.num_superchains,
-                seed=self.seed,
-                chain_ids=self.chain_ids,
-            )
-            self.superchain_ids = kernel.superchain_ids.clone()
-            positions, stats = self._run_steps(kernel)
+        self._progress_steps = 0
+        store = None
+        try:
+            with optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
+                args = tuple(arg.detach() if torch.is_tensor(arg) else arg for arg in args)
+                kernel.setup_chains(
+                    self.warmup_steps,
+                    args,
+                    kwargs,
+                    num_chains=self.num_chains,
+                    initial_params=self.initial_params,
+                    num_superchains=self.num_superchains,
+                    seed=self.seed,
+                    chain_ids=self.chain_ids,
+                )
+                self.superchain_ids = kernel.superchain_ids.clone()
+                position = kernel.state.position
+                store = DrawStore(
+                    self.num_chains, self.num_samples, position.shape[-1], position.dtype, position.device
+                )
+                self._run_steps(kernel, store)
+        except BaseException as error:
+            self._stop(kernel, store, error)
+            raise
+        self._keep(kernel, store)
+        kernel.cleanup()
+
+    def get_samples(self, num_samples: Optional[int] = None, group_by_chain: bool = False) -> Dict[str, torch.Tensor]:
+        """Pyro's :meth:`~pyro.infer.MCMC.get_samples`; after an interrupted run, the draws so far (with a warning)."""
+        self._check_draws("get_samples")
+        return super().get_samples(num_samples, group_by_chain)
+
+    def summary(self, prob: float = 0.9) -> None:
+        """Pyro's summary table (mean, sd, median, interval, ``n_eff``, ``r_hat``), in linear memory."""
+        self._check_draws("summary")
+        if self.partial is not None:
+            print(f"PARTIAL RUN: {self.partial.describe()}")
+        with _linear_memory_cummin():
+            return super().summary(prob)
+
+    def diagnostics(self) -> dict:
+        """Pyro's diagnostics (``n_eff``, ``r_hat``, divergences per chain), in linear memory."""
+        self._check_draws("diagnostics")
+        with _linear_memory_cummin():
+            return super().diagnostics()
+
+    def _check_draws(self, reader: str) -> None:
+        """Raise :class:`RunNotFinished` when there are no draws; warn when they are a partial run's."""
+        partial = getattr(self, "partial", None)
+        if getattr(self, "_samples", None) is None:
+            if partial is not None:
+                raise RunNotFinished(f"{reader}(): no draws to read: {partial.describe()}")
+            raise RunNotFinished(f"{reader}(): no draws to read: call run(...) first")
+        if partial is not None:
+            warnings.warn(f"{reader}() reads a partial run: {partial.describe()}", PartialRunWarning, stacklevel=3)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of a complete run: warmup plus ``num_samples * thinning``."""
+        return self.warmup_steps + self._num_kept_steps * self.thinning
+
+    def _keep(self, kernel: SGMCMCKernel, store: DrawStore) -> None:
+        """Expose the stored draws (constrained), their statistics and the per-chain diagnostics."""
         potential = kernel.potential
-        draws = torch.stack(list(positions), dim=1)  # (chains, draws, dim)
+        draws, stats = store.filled()  # views: (chains, draws, dim) and (chains, draws)
         names = self.save_params or potential.site_names
         self.transforms = kernel.transforms if self.transforms is None else self.transforms
         unconstrained = potential.unpack(draws)
@@ -243,55 +350,57 @@ disable_validation, transforms, save_params :
             name: (self.transforms[name].inv(unconstrained[name]) if name in self.transforms else unconstrained[name])
             for name in names
         }
-        self.sample_stats = {key: torch.stack([s[key] for s in stats], dim=1) for key in (stats[0] if stats else {})}
+        self.sample_stats = dict(stats)
         self._diagnostics = [kernel.chain_diagnostics(c) for c in range(self.num_chains)]
-        kernel.cleanup()
 
-    def summary(self, prob: float = 0.9) -> None:
-        """Pyro's summary table (mean, sd, median, interval, ``n_eff``, ``r_hat``), in linear memory."""
-        with _linear_memory_cummin():
-            return super().summary(prob)
+    def _stop(self, kernel: SGMCMCKernel, store: Optional[DrawStore], error: BaseException) -> None:
+        """Record an interrupted run: the draws so far (if any) and where it stopped."""
+        steps_done = self._progress_steps
+        self.partial = PartialRun(
+            steps_done=steps_done,
+            total_steps=self.total_steps,
+            num_draws=0 if store is None else store.count,
+            num_samples=self.num_samples,
+            error=f"{type(error).__name__}: {error}".rstrip(": "),
+            checkpoint_path=None if self.checkpoint_path is None else str(self.checkpoint_path),
+        )
+        if store is not None and store.count and kernel.potential is not None:
+            self._keep(kernel, store)
+        else:
+            self._diagnostics = [None] * self.num_chains
 
-    def diagnostics(self) -> dict:
-        """Pyro's diagnostics (``n_eff``, ``r_hat``, divergences per chain), in linear memory."""
-        with _linear_memory_cummin():
-            return super().diagnostics()
-
-    def _run_steps(self, kernel: SGMCMCKernel):
-        keep = self.num_samples
-        positions: deque = deque(maxlen=keep)
-        stats: deque = deque(maxlen=keep)
-        total = self.warmup_steps + self._num_kept_steps * self.thinning
+    def _run_steps(self, kernel: SGMCMCKernel, store: DrawStore) -> None:
+        total = self.total_steps
         start = 0
         fingerprint = self._fingerprint(kernel) if self.checkpoint_path is not None else None
         if fingerprint is not None and self.resume and self.checkpoint_path.exists():
             saved = load_checkpoint(self.checkpoint_path, fingerprint)
             kernel.load_state_dict(saved["kernel"])
-            device = kernel.state.position.device
-            positions.extend(p.to(device) for p in saved["positions"])
-            stats.extend({k: v.to(device) for k, v in s.items()} for s in saved["stats"])
+            store.extend(saved["positions"], saved["stats"])
             start = saved["steps_done"]
+        self._progress_steps = start
         progress = _progress(total, self.disable_progbar)
         refresh = max(1, total // 200)  # cheap progress bar: about 200 updates per run
-        first_kept = self._num_kept_steps - keep  # keep_last drops the draws before this one: not even copied
+        first_kept = self._num_kept_steps - self.num_samples  # keep_last drops the draws before this one
         for t in range(start, total):
             state = kernel.step()
+            self._progress_steps = t + 1
             sampling = t >= self.warmup_steps
             if sampling and (t - self.warmup_steps + 1) % self.thinning == 0:
                 if (t - self.warmup_steps + 1) // self.thinning > first_kept:
-                    positions.append(state.position.clone())
-                    stats.append(kernel.last_stats)
+                    store.append(state.position, kernel.last_stats)
             if self.hook_fn is not None:
                 self.hook_fn(kernel, kernel.potential.unpack(state.position), "Sample" if sampling else "Warmup", t)
             if fingerprint is not None and ((t + 1) % self.checkpoint_every == 0 or t == total - 1):
+                positions, stats = store.filled()
                 save_checkpoint(
                     {
                         "fingerprint": fingerprint,
                         "steps_done": t + 1,
                         "phase": "sampling" if t + 1 > self.warmup_steps else "warmup",
                         "kernel": kernel.state_dict(),
-                        "positions": [p.cpu() for p in positions],
-                        "stats": list(stats),
+                        "positions": positions.cpu(),
+                        "stats": {key: value.cpu() for key, value in stats.items()},
                     },
                     self.checkpoint_path,
                 )
@@ -301,7 +410,6 @@ disable_validation, transforms, save_params :
                 progress.update(t + 1 - progress.n)
         if progress is not None:
             progress.close()
-        return positions, list(stats)
 
     def _fingerprint(self, kernel: SGMCMCKernel) -> dict:
         """The settings a checkpoint must share with the run that resumes it."""
