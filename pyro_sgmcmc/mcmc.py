@@ -24,7 +24,16 @@ import pyro.poutine as poutine
 import torch
 from pyro.util import optional
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import (
+    CheckpointMismatch,
+    check_serialisable,
+    clear_chunks,
+    expected_draws,
+    load_checkpoint,
+    read_chunks,
+    save_checkpoint,
+    write_chunk,
+)
 from .draws import DrawStore
 from .kernels.base import SGMCMCKernel
 
@@ -371,13 +380,8 @@ disable_validation, transforms, save_params :
 
     def _run_steps(self, kernel: SGMCMCKernel, store: DrawStore) -> None:
         total = self.total_steps
-        start = 0
-        fingerprint = self._fingerprint(kernel) if self.checkpoint_path is not None else None
-        if fingerprint is not None and self.resume and self.checkpoint_path.exists():
-            saved = load_checkpoint(self.checkpoint_path, fingerprint)
-            kernel.load_state_dict(saved["kernel"])
-            store.extend(saved["positions"], saved["stats"])
-            start = saved["steps_done"]
+        checkpoint = None if self.checkpoint_path is None else self._open_checkpoint(kernel, store)
+        start = 0 if checkpoint is None else checkpoint.steps_done
         self._progress_steps = start
         progress = _progress(total, self.disable_progbar)
         refresh = max(1, total // 200)  # cheap progress bar: about 200 updates per run
@@ -391,19 +395,8 @@ disable_validation, transforms, save_params :
                     store.append(state.position, kernel.last_stats)
             if self.hook_fn is not None:
                 self.hook_fn(kernel, kernel.potential.unpack(state.position), "Sample" if sampling else "Warmup", t)
-            if fingerprint is not None and ((t + 1) % self.checkpoint_every == 0 or t == total - 1):
-                positions, stats = store.filled()
-                save_checkpoint(
-                    {
-                        "fingerprint": fingerprint,
-                        "steps_done": t + 1,
-                        "phase": "sampling" if t + 1 > self.warmup_steps else "warmup",
-                        "kernel": kernel.state_dict(),
-                        "positions": positions.cpu(),
-                        "stats": {key: value.cpu() for key, value in stats.items()},
-                    },
-                    self.checkpoint_path,
-                )
+            if checkpoint is not None and ((t + 1) % self.checkpoint_every == 0 or t == total - 1):
+                checkpoint.write(t + 1, "sampling" if t + 1 > self.warmup_steps else "warmup", kernel, store)
             if progress is not None and (t % refresh == 0 or t == total - 1):
                 progress.set_description("Sample" if sampling else "Warmup", refresh=False)
                 progress.set_postfix(kernel.logging(), refresh=False)
@@ -411,17 +404,27 @@ disable_validation, transforms, save_params :
         if progress is not None:
             progress.close()
 
+    def _open_checkpoint(self, kernel: SGMCMCKernel, store: DrawStore) -> "_RunCheckpoint":
+        """Resume from the checkpoint (validated) into ``kernel`` and ``store``, or start it afresh."""
+        # before any step: a state that cannot be saved and read back safely is an error now, not at the first write
+        check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
+        checkpoint = _RunCheckpoint(self.checkpoint_path, self._fingerprint(kernel))
+        if self.resume and self.checkpoint_path.exists():
+            checkpoint.resume(kernel, store, self)
+        else:
+            clear_chunks(self.checkpoint_path)
+        return checkpoint
+
     def _fingerprint(self, kernel: SGMCMCKernel) -> dict:
-        """The settings a checkpoint must share with the run that resumes it."""
-        hyper = {
-            k: repr(v) for k, v in vars(kernel).items()
-            if not k.startswith("_") and (isinstance(v, (int, float, str)) or k == "step_size")
-        }  # fmt: skip
+        """The settings a checkpoint must share with the run that resumes it: all that changes the draws."""
         potential = kernel.potential
         return {
             "kernel": type(kernel).__name__,
-            "hyperparameters": hyper,
+            "hyperparameters": _hyperparameters(kernel),
             "sites": [(s.name, tuple(s.unconstrained_shape)) for s in potential.sites],
+            "plates": [(p.name, p.size, p.subsample_size, p.user_indices) for p in potential.subsample_plates],
+            "dtype": str(potential.dtype),
+            "data": _data_fingerprint(potential.model_args, potential.model_kwargs),
             "num_data": potential.num_data,
             "num_chains": self.num_chains,
             "num_superchains": self.num_superchains,
@@ -432,6 +435,120 @@ disable_validation, transforms, save_params :
             "seed": self.seed,
             **({} if self.chain_ids is None else {"chain_ids": self.chain_ids}),
         }
+
+
+class _RunCheckpoint:
+    """A run's checkpoint: the draw chunks written so far and the index that lists them (see checkpoint.py)."""
+
+    def __init__(self, path: Path, fingerprint: dict) -> None:
+        self.path = path
+        self.fingerprint = fingerprint
+        self.last_chunk: Optional[dict] = None  # the entry of the last chunk written (the hash chain's end)
+        self.written = 0  # draws already in chunk files
+        self.steps_done = 0
+
+    def write(self, steps_done: int, phase: str, kernel: SGMCMCKernel, store: DrawStore) -> None:
+        """One chunk with the draws since the last write (O(k)), then the index, each atomically."""
+        if store.count > self.written:
+            positions, stats = store.filled(self.written)
+            self.last_chunk = write_chunk(self.path, self.written, positions, stats, self.last_chunk)
+            self.written = store.count
+        save_checkpoint(
+            {
+                "fingerprint": self.fingerprint,
+                "steps_done": steps_done,
+                "phase": phase,
+                "kernel": kernel.state_dict(),
+                "last_chunk": self.last_chunk,
+            },
+            self.path,
+        )
+        self.steps_done = steps_done
+
+    def resume(self, kernel: SGMCMCKernel, store: DrawStore, run: "MCMC") -> None:
+        """Load, verify and validate the checkpoint into ``kernel`` and ``store``."""
+        saved = load_checkpoint(self.path, self.fingerprint)
+        steps_done = saved.get("steps_done")
+        if isinstance(steps_done, bool) or not isinstance(steps_done, int) or not 0 <= steps_done <= run.total_steps:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path}: steps_done={steps_done!r} is not a step of this run (0 to {run.total_steps})"
+            )
+        expected = expected_draws(steps_done, run.warmup_steps, run.thinning, run._num_kept_steps, run.num_samples)
+        for entry, positions, stats in read_chunks(self.path, saved.get("last_chunk")):
+            self._extend(store, entry, positions, stats)
+        if store.count != expected:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path}: {store.count} draws saved, but a run stopped after {steps_done} steps keeps "
+                f"{expected}"
+            )
+        try:
+            kernel.load_state_dict(saved["kernel"])
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path}: the kernel's state cannot be restored ({type(error).__name__}: {error})"
+            ) from error
+        _validate_state(self.path, kernel, steps_done)
+        self.last_chunk, self.written, self.steps_done = saved.get("last_chunk"), store.count, steps_done
+
+    def _extend(self, store: DrawStore, entry: dict, positions: torch.Tensor, stats: Dict[str, torch.Tensor]) -> None:
+        """Check one chunk's draws against this run (shapes, dtype, finite) and append them to ``store``."""
+        expected = (store.num_chains, entry["stop"] - entry["start"], store.positions.shape[-1])
+        if tuple(positions.shape) != expected or positions.dtype != store.positions.dtype:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path}: draw chunk {entry['file']} holds positions of shape {tuple(positions.shape)} "
+                f"({positions.dtype}); this run's are {expected} ({store.positions.dtype})"
+            )
+        if not bool(torch.isfinite(positions).all()):
+            raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']} holds non-finite positions")
+        try:
+            store.extend(
+                positions.to(store.positions.device), {k: v.to(store.positions.device) for k, v in stats.items()}
+            )
+        except (ValueError, RuntimeError) as error:
+            raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']}: {error}") from error
+
+
+def _validate_state(path: Path, kernel: SGMCMCKernel, steps_done: int) -> None:
+    """The restored chains: at the saved step, finite, of the model's shapes."""
+    state = kernel.state
+    if state.step != steps_done:
+        raise CheckpointMismatch(f"checkpoint {path}: the kernel's state is at step {state.step}, not {steps_done}")
+    for name in ("position", "momentum", "potential", "grad", "thermostat"):
+        value = getattr(state, name)
+        if value is not None and not bool(torch.isfinite(value).all()):
+            raise CheckpointMismatch(f"checkpoint {path}: the chains' saved {name} is not finite")
+
+
+def _hyperparameters(kernel: SGMCMCKernel) -> Dict[str, str]:
+    """The kernel's public settings that change the draws, as stable strings (no memory addresses)."""
+    out = {}
+    for key, value in vars(kernel).items():
+        if key.startswith("_") or key in ("model", "init_strategy", "potential", "transforms", "state"):
+            continue  # the model and its data are fingerprinted apart; the start point is overwritten on resume
+        if value is None or isinstance(value, (bool, int, float, str)) or key == "step_size":
+            out[key] = repr(value)
+    return out
+
+
+def _data_fingerprint(args: tuple, kwargs: dict) -> list:
+    """Per model argument: a tensor's dtype, shape and SHA-256 (one pass, once per checkpointed run); else its type."""
+    import hashlib
+
+    out = []
+    for key, value in [(str(i), v) for i, v in enumerate(args)] + sorted(kwargs.items()):
+        if torch.is_tensor(value):
+            tensor = value.detach().cpu().contiguous()
+            digest = (
+                hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                if tensor.numel()
+                else ""
+            )
+            out.append((key, str(tensor.dtype), tuple(tensor.shape), digest))
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out.append((key, repr(value)))
+        else:
+            out.append((key, type(value).__name__))
+    return out
 
 
 @contextmanager
