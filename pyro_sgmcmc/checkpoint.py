@@ -11,10 +11,10 @@ A checkpoint is two things:
 
 A write costs ``O(k)`` for the ``k`` steps since the previous one: one new chunk and the small index
 (the kernel's state does not grow with the run). Each file is written to ``<name>.tmp``, flushed,
-``fsync``-ed and renamed over its name (``os.replace`` is atomic on POSIX and Windows), the chunk
-before the index that lists it, so a process killed at any moment leaves a complete checkpoint: the
-previous index with its chunks, or the new one. A chunk written but not yet listed is written again,
-bit for bit the same, by the resumed run.
+``fsync``-ed (unless ``sync=False``) and renamed over its name (``os.replace`` is atomic on POSIX
+and Windows), the chunk before the index that lists it, so a process killed at any moment leaves a
+complete checkpoint: the previous index with its chunks, or the new one. A chunk written but not yet
+listed is written again, bit for bit the same, by the resumed run.
 
 On resume every record is verified: a file that is not a checkpoint, a record whose bytes differ
 from its checksum (a flipped byte, an edited field) and a missing or altered chunk are each a
@@ -105,28 +105,20 @@ def check_serialisable(payload: Any, what: str = "the checkpoint") -> None:
 
 
 # ---------------------------------------------------------------------- files
-def _write_atomically(data: bytes, path: Path) -> None:
+def _write_atomically(data: bytes, path: Path, sync: bool = True) -> None:
+    """Write to ``<path>.tmp`` then rename over ``path``: a killed process leaves the old file or the new one.
+
+    With ``sync`` the data are ``fsync``-ed before the rename, so that after a power failure or an
+    operating-system crash the renamed file is not empty or torn either (the directory entry itself is
+    not synced: the previous file may then come back, which is still a complete checkpoint).
+    """
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()
-        os.fsync(handle.fileno())
+        if sync:
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _serialise(payload: Any) -> bytes:
@@ -166,6 +158,7 @@ def write_chunk(
     positions: torch.Tensor,
     stats: Dict[str, torch.Tensor],
     previous: Optional[dict] = None,
+    sync: bool = True,
 ) -> dict:
     """Write draws ``start ..`` (``(chains, n, dim)`` and ``(chains, n)`` statistics) as one chunk file.
 
@@ -178,14 +171,21 @@ def write_chunk(
     stop = start + positions.shape[1]
     data = _serialise(
         {
-            "positions": positions.detach().cpu(),
-            "stats": {k: v.detach().cpu() for k, v in stats.items()},
+            # copies of just these draws: a view would save the whole preallocated buffer behind it
+            "positions": _own_copy(positions),
+            "stats": {k: _own_copy(v) for k, v in stats.items()},
             "previous": previous,
         }
     )
     name = f"{start:012d}-{stop:012d}.pt"
-    _write_atomically(data, directory / name)
+    _write_atomically(data, directory / name, sync)
     return {"file": name, "start": start, "stop": stop, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor with its own storage (``torch.save`` writes a view's whole storage)."""
+    tensor = tensor.detach()
+    return tensor.to("cpu", copy=True, memory_format=torch.contiguous_format)
 
 
 def read_chunk(
@@ -232,11 +232,12 @@ def read_chunks(
     return chunks[::-1]
 
 
-def save_checkpoint(payload: dict, path: Union[str, os.PathLike]) -> None:
-    """Write the index ``payload`` (with its format version and checksums) to ``path`` atomically."""
+def save_checkpoint(payload: dict, path: Union[str, os.PathLike], sync: bool = True) -> None:
+    """Write the index ``payload`` (with its format version and checksums) to ``path`` atomically
+    (``fsync``-ed first with ``sync``)."""
     payload = {"format_version": FORMAT_VERSION, **payload}
     payload["checksums"] = checksums(payload)
-    _write_atomically(_serialise(payload), Path(path))
+    _write_atomically(_serialise(payload), Path(path), sync)
 
 
 def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:

@@ -126,6 +126,11 @@ disable_validation, transforms, save_params :
         Default 1,000 when ``checkpoint_path`` is given.
     resume : bool
         Continue from an existing checkpoint (default) or start afresh and overwrite it.
+    checkpoint_sync : bool
+        ``fsync`` each checkpoint file before it replaces the previous one (default), so that it
+        survives a power failure or an operating-system crash too. ``False`` skips it: a write then
+        costs no disk latency (about 7 ms per file here) and is still atomic for a process that is
+        killed, but not for a machine that stops.
     chain_ids : sequence of int, optional
         Global ids of these chains (chain ``c`` draws from the stream of ``(seed, chain_ids[c])``);
         default ``range(num_chains)``. A slice of a larger run gives exactly that run's draws for
@@ -184,6 +189,7 @@ disable_validation, transforms, save_params :
         checkpoint_every: Optional[int] = None,
         resume: bool = True,
         chain_ids: Optional[Sequence[int]] = None,
+        checkpoint_sync: bool = True,
     ) -> None:
         if not isinstance(chain_method, str) or chain_method not in _CHAIN_METHODS:
             raise ValueError(f"chain_method must be one of {_CHAIN_METHODS}; got {chain_method!r}")
@@ -222,6 +228,9 @@ disable_validation, transforms, save_params :
         self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
         self.checkpoint_every = checkpoint_every or (1000 if checkpoint_path is not None else None)
         self.resume = bool(resume)
+        if not isinstance(checkpoint_sync, bool):
+            raise TypeError(f"checkpoint_sync must be True or False; got {checkpoint_sync!r}")
+        self.checkpoint_sync = checkpoint_sync
         if chain_ids is not None:
             if not isinstance(chain_ids, Sequence) or not all(
                 isinstance(c, numbers.Integral) and not isinstance(c, bool) and c >= 0 for c in list(chain_ids)
@@ -408,7 +417,7 @@ disable_validation, transforms, save_params :
         """Resume from the checkpoint (validated) into ``kernel`` and ``store``, or start it afresh."""
         # before any step: a state that cannot be saved and read back safely is an error now, not at the first write
         check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
-        checkpoint = _RunCheckpoint(self.checkpoint_path, self._fingerprint(kernel))
+        checkpoint = _RunCheckpoint(self.checkpoint_path, self._fingerprint(kernel), self.checkpoint_sync)
         if self.resume and self.checkpoint_path.exists():
             checkpoint.resume(kernel, store, self)
         else:
@@ -440,9 +449,10 @@ disable_validation, transforms, save_params :
 class _RunCheckpoint:
     """A run's checkpoint: the draw chunks written so far and the index that lists them (see checkpoint.py)."""
 
-    def __init__(self, path: Path, fingerprint: dict) -> None:
+    def __init__(self, path: Path, fingerprint: dict, sync: bool = True) -> None:
         self.path = path
         self.fingerprint = fingerprint
+        self.sync = sync
         self.last_chunk: Optional[dict] = None  # the entry of the last chunk written (the hash chain's end)
         self.written = 0  # draws already in chunk files
         self.steps_done = 0
@@ -451,7 +461,7 @@ class _RunCheckpoint:
         """One chunk with the draws since the last write (O(k)), then the index, each atomically."""
         if store.count > self.written:
             positions, stats = store.filled(self.written)
-            self.last_chunk = write_chunk(self.path, self.written, positions, stats, self.last_chunk)
+            self.last_chunk = write_chunk(self.path, self.written, positions, stats, self.last_chunk, self.sync)
             self.written = store.count
         save_checkpoint(
             {
@@ -462,6 +472,7 @@ class _RunCheckpoint:
                 "last_chunk": self.last_chunk,
             },
             self.path,
+            self.sync,
         )
         self.steps_done = steps_done
 

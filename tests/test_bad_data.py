@@ -171,3 +171,18 @@ def test_valid_subsample_sizes_run(subsample_size):
         warnings.simplefilter("ignore")
         mcmc = run(plate_model(100, subsample_size), torch.randn(100))
     assert torch.isfinite(mcmc.get_samples()["mu"]).all()
+
+
+def test_a_model_that_cannot_run_under_vmap_falls_back_to_one_chain_at_a_time():
+    """``.item()`` (or data-dependent branching) in the model: the chains are evaluated one by one with a
+    warning that says so, and the run gives finite draws (not functorch's RuntimeError)."""
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        scale = 1.0 if mu.item() > -100.0 else 2.0  # a Python branch on a tensor's value
+        with pyro.plate("data", len(y), subsample_size=10) as idx:
+            pyro.sample("obs", dist.Normal(mu, scale), obs=y[idx])
+
+    with pytest.warns(RuntimeWarning, match="cannot run under torch.func.vmap"):
+        mcmc = run(model, torch.randn(50), steps=5)
+    assert torch.isfinite(mcmc.get_samples()["mu"]).all()

@@ -369,7 +369,9 @@ def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_pat
     writes = []
     original = checkpoint._write_atomically
     monkeypatch.setattr(
-        checkpoint, "_write_atomically", lambda data, p: writes.append((p.name, len(data))) or original(data, p)
+        checkpoint,
+        "_write_atomically",
+        lambda data, p, *rest: writes.append((p.name, len(data))) or original(data, p, *rest),
     )
     path = tmp_path / "run.ckpt"
     script.run(checkpoint=path, every=10)
@@ -381,6 +383,9 @@ def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_pat
     # each holds 10 draws; all but the first also the previous chunk's entry (name, range, SHA-256)
     sizes = [size for _, size in chunks]
     assert max(sizes[1:]) - min(sizes[1:]) < 64 and sizes[0] <= min(sizes[1:]), sizes
+    # and only those draws: 10 x 6 chains x (4 coordinates float32 + 6 statistics of 8 bytes at most) plus the
+    # file's own overhead (zip records, pickled keys: under 8 kB), not the preallocated buffer behind the view
+    assert max(sizes) < 10 * 6 * (4 * 4 + 6 * 8) + 8192, sizes
     # the index holds the kernel's state and the last chunk's entry (a hash chain): its size does not grow
     sampling = indexes[FULL // 10 - len(chunks) :]
     assert max(sampling) - min(sampling) < 64, indexes
@@ -398,3 +403,41 @@ def test_a_fresh_start_removes_the_old_chunks(tmp_path):
     after = sorted(p.name for p in chunk_directory(path).iterdir())
     assert before != after
     assert after == [f"{s:012d}-{s + 10:012d}.pt" for s in range(0, script.SETTINGS["num_samples"], 10)]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_checkpoint_sync_decides_the_fsyncs_and_both_resume_bit_identically(reference_run, tmp_path, monkeypatch, sync):
+    calls = []
+    original = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or original(fd))
+    path = tmp_path / "run.ckpt"
+
+    def interrupt_at_step_57(kernel, params, stage, t):
+        if t == 56:
+            raise Interrupt
+
+    pyro.set_rng_seed(0)
+    from pyro_sgmcmc import MCMC, SGHMC
+
+    def run(hook=None):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(SGHMC(script.model, step_size=0.02), checkpoint_path=path, checkpoint_every=10, hook_fn=hook,
+                    checkpoint_sync=sync, disable_progbar=True, **script.SETTINGS)  # fmt: skip
+        mcmc.run(*script.data())
+        return mcmc
+
+    with pytest.raises(Interrupt):
+        run(interrupt_at_step_57)
+    # 5 writes by step 50: 5 indexes and 1 chunk (the draws of steps 41-50), each fsync-ed with sync
+    assert len(calls) == (6 if sync else 0)
+    resumed = run()
+    _equal_runs(reference_run.get_samples(group_by_chain=True), reference_run.sample_stats,
+                resumed.get_samples(group_by_chain=True), resumed.sample_stats)  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [1, "yes", None, 0.0], ids=repr)
+def test_checkpoint_sync_must_be_a_bool(value):
+    from pyro_sgmcmc import MCMC, SGHMC
+
+    with pytest.raises(TypeError, match="checkpoint_sync must be True or False"):
+        MCMC(SGHMC(script.model), 5, 5, chain_method="vectorized", checkpoint_path="x.ckpt", checkpoint_sync=value)
