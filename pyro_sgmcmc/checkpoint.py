@@ -7,7 +7,9 @@ A checkpoint is two things:
   divergence records), the list of draw chunks, and a SHA-256 checksum of every record;
 * the **draw chunks**, ``<path>.draws/<first>-<stop>.pt``: the draws (and their statistics) kept
   between two writes, each file written once and never rewritten. Each chunk holds the SHA-256 of
-  the one before it (a hash chain) and the index that of the last, so the index does not grow.
+  the one before it (a hash chain) and the index that of the last, so the index does not grow;
+* the **permutation tables** of the minibatch sampler, ``<path>.draws/blob-<sha256>.pt``: written
+  when a plate begins a new epoch, not at every write (they are ``num_chains x N`` integers).
 
 A write costs ``O(k)`` for the ``k`` steps since the previous one: one new chunk and the small index
 (the kernel's state does not grow with the run). Each file is written to ``<name>.tmp``, flushed,
@@ -39,6 +41,8 @@ __all__ = [
     "write_chunk",
     "read_chunk",
     "read_chunks",
+    "write_blob",
+    "read_blob",
     "chunk_directory",
     "clear_chunks",
     "checksums",
@@ -132,7 +136,8 @@ def _load(data: bytes, what: str) -> Any:
         return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as error:  # truncated, not a torch file, a pickle of something else, ...
         raise CheckpointMismatch(
-            f"{what} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: {str(error).splitlines()[0]})"
+            f"{what} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: "
+            f"{(str(error).splitlines() or [''])[0]})"
         ) from error
 
 
@@ -148,7 +153,8 @@ def clear_chunks(path: Union[str, os.PathLike]) -> None:
     if not directory.is_dir():
         return
     for item in directory.iterdir():
-        if item.suffix in (".pt", ".tmp") and item.name.split(".")[0].replace("-", "").isdigit():
+        stem = item.name.split(".")[0]
+        if item.suffix in (".pt", ".tmp") and (stem.replace("-", "").isdigit() or stem.startswith("blob-")):
             item.unlink()
 
 
@@ -230,6 +236,39 @@ def read_chunks(
             raise CheckpointMismatch(f"checkpoint {path}: the first draw chunk {entry['file']} does not start at 0")
         entry = previous
     return chunks[::-1]
+
+
+def write_blob(path: Union[str, os.PathLike], tensor: torch.Tensor, sync: bool = True) -> dict:
+    """Write a large tensor of the state that changes rarely (a permutation table) as its own file.
+
+    Returns its entry for the index: the file name (from its SHA-256) and the SHA-256.
+    """
+    directory = chunk_directory(path)
+    directory.mkdir(exist_ok=True)
+    data = _serialise(_own_copy(tensor))
+    digest = hashlib.sha256(data).hexdigest()
+    name = f"blob-{digest}.pt"
+    _write_atomically(data, directory / name, sync)
+    return {"file": name, "sha256": digest}
+
+
+def read_blob(path: Union[str, os.PathLike], entry: Any, record: str) -> torch.Tensor:
+    """Read and verify a tensor written by :func:`write_blob` (:class:`CheckpointMismatch` naming it otherwise)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or "sha256" not in entry:
+        raise CheckpointMismatch(f"checkpoint {path}: the record {record!r} is malformed ({entry!r})")
+    file = chunk_directory(path) / Path(entry["file"]).name
+    if not file.is_file():
+        raise CheckpointMismatch(f"checkpoint {path}: the file {file} of record {record!r} is missing")
+    data = file.read_bytes()
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointMismatch(
+            f"checkpoint {path}: the file {file} of record {record!r} does not match its checksum: it was damaged "
+            "or altered"
+        )
+    tensor = _load(data, f"the file {file} of record {record!r}")
+    if not isinstance(tensor, torch.Tensor):
+        raise CheckpointMismatch(f"checkpoint {path}: the file {file} of record {record!r} does not hold a tensor")
+    return tensor
 
 
 def save_checkpoint(payload: dict, path: Union[str, os.PathLike], sync: bool = True) -> None:

@@ -15,7 +15,7 @@ import os
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Union
 
 import pyro
 import pyro.infer
@@ -27,11 +27,14 @@ from pyro.util import optional
 from .checkpoint import (
     CheckpointMismatch,
     check_serialisable,
+    chunk_directory,
     clear_chunks,
     expected_draws,
     load_checkpoint,
+    read_blob,
     read_chunks,
     save_checkpoint,
+    write_blob,
     write_chunk,
 )
 from .draws import DrawStore
@@ -382,7 +385,13 @@ disable_validation, transforms, save_params :
             error=f"{type(error).__name__}: {error}".rstrip(": "),
             checkpoint_path=None if self.checkpoint_path is None else str(self.checkpoint_path),
         )
-        if store is not None and store.count and kernel.potential is not None:
+        # a refused checkpoint may have filled the store with draws it then rejected: they are not kept
+        if (
+            store is not None
+            and store.count
+            and kernel.potential is not None
+            and not isinstance(error, CheckpointMismatch)
+        ):
             self._keep(kernel, store)
         else:
             self._diagnostics = [None] * self.num_chains
@@ -454,6 +463,7 @@ class _RunCheckpoint:
         self.fingerprint = fingerprint
         self.sync = sync
         self.last_chunk: Optional[dict] = None  # the entry of the last chunk written (the hash chain's end)
+        self.tables: Dict[str, dict] = {}  # per plate: the file of its permutation table and its epoch
         self.written = 0  # draws already in chunk files
         self.steps_done = 0
 
@@ -468,13 +478,52 @@ class _RunCheckpoint:
                 "fingerprint": self.fingerprint,
                 "steps_done": steps_done,
                 "phase": phase,
-                "kernel": kernel.state_dict(),
+                "kernel": self._externalise(kernel.state_dict()),
                 "last_chunk": self.last_chunk,
             },
             self.path,
             self.sync,
         )
         self.steps_done = steps_done
+        self._forget_replaced_tables()
+
+    def _externalise(self, state: dict) -> dict:
+        """Move the minibatch permutation tables out of the index: each in its own file, written only when
+        its plate has begun a new epoch since the previous write (O(C N) once per epoch, not per write)."""
+        minibatches = dict(state["minibatches"])
+        epochs = minibatches.get("epochs", {})
+        files = {}
+        for name, table in minibatches.pop("permutations").items():
+            entry = self.tables.get(name)
+            if entry is None or entry["epoch"] != epochs.get(name):
+                entry = {**write_blob(self.path, table, self.sync), "epoch": epochs.get(name), "replaces": entry}
+                self.tables[name] = entry
+            files[name] = {"file": entry["file"], "sha256": entry["sha256"]}
+        minibatches["permutation_files"] = files
+        return {**state, "minibatches": minibatches}
+
+    def _forget_replaced_tables(self) -> None:
+        """Delete the table files the new index no longer names (after it replaced the previous index)."""
+        for entry in self.tables.values():
+            replaced = entry.pop("replaces", None)
+            if replaced is not None and replaced["file"] != entry["file"]:
+                (chunk_directory(self.path) / replaced["file"]).unlink(missing_ok=True)
+
+    def _internalise(self, state: Any) -> dict:
+        """The kernel's state with its permutation tables read back from their files (verified)."""
+        if not isinstance(state, dict) or not isinstance(state.get("minibatches"), dict):
+            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
+        minibatches = dict(state["minibatches"])
+        files = minibatches.pop("permutation_files", {})
+        if not isinstance(files, dict):
+            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel/minibatches' is malformed")
+        minibatches["permutations"] = {
+            name: read_blob(self.path, entry, f"kernel/minibatches/permutation_files/{name}")
+            for name, entry in files.items()
+        }
+        epochs = minibatches.get("epochs", {})
+        self.tables = {name: {**entry, "epoch": epochs.get(name)} for name, entry in files.items()}
+        return {**state, "minibatches": minibatches}
 
     def resume(self, kernel: SGMCMCKernel, store: DrawStore, run: "MCMC") -> None:
         """Load, verify and validate the checkpoint into ``kernel`` and ``store``."""
@@ -492,8 +541,9 @@ class _RunCheckpoint:
                 f"checkpoint {self.path}: {store.count} draws saved, but a run stopped after {steps_done} steps keeps "
                 f"{expected}"
             )
+        state = self._internalise(saved.get("kernel"))
         try:
-            kernel.load_state_dict(saved["kernel"])
+            kernel.load_state_dict(state)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
             raise CheckpointMismatch(
                 f"checkpoint {self.path}: the kernel's state cannot be restored ({type(error).__name__}: {error})"

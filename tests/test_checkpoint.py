@@ -199,7 +199,11 @@ def _restore(files, directory):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(which=st.sampled_from(["index", "chunk"]), where=st.floats(0, 1, exclude_max=True), flip=st.integers(1, 255))
+@given(
+    which=st.sampled_from(["index", "chunk", "table"]),
+    where=st.floats(0, 1, exclude_max=True),
+    flip=st.integers(1, 255),
+)
 def test_a_flipped_byte_is_refused_or_harmless(reference_run, interrupted_files, tmp_path, which, where, flip):
     """Any byte of the index or of a chunk, flipped: a CheckpointMismatch, or (a byte that carries nothing,
     such as the zip padding) a resumed run equal to the uninterrupted one. Never a silent change of draws."""
@@ -207,7 +211,8 @@ def test_a_flipped_byte_is_refused_or_harmless(reference_run, interrupted_files,
 
     with tempfile.TemporaryDirectory(dir=tmp_path) as tmp:
         files = dict(interrupted_files)
-        name = "run.ckpt" if which == "index" else next(n for n in files if n != "run.ckpt")
+        prefix = {"index": "run.ckpt", "chunk": "0", "table": "blob-"}[which]
+        name = next(n for n in files if n.startswith(prefix))
         data = bytearray(files[name])
         offset = int(where * len(data))
         data[offset] ^= flip
@@ -374,12 +379,19 @@ def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_pat
         lambda data, p, *rest: writes.append((p.name, len(data))) or original(data, p, *rest),
     )
     path = tmp_path / "run.ckpt"
-    script.run(checkpoint=path, every=10)
-    chunks = [(name, size) for name, size in writes if name != "run.ckpt"]
+    mcmc = script.run(checkpoint=path, every=10)
+    chunks = [(name, size) for name, size in writes if name != "run.ckpt" and not name.startswith("blob-")]
+    tables = [name for name, _ in writes if name.startswith("blob-")]
     indexes = [size for name, size in writes if name == "run.ckpt"]
     assert len(indexes) == FULL // 10
     assert len(chunks) == script.SETTINGS["num_samples"] // 10  # one per write in the sampling phase
     assert len({name for name, _ in chunks}) == len(chunks)  # never the same file twice
+    # the minibatch permutation table (6 chains x 300 data) is written only when an epoch has begun since the
+    # previous write (an epoch is 15 minibatches of 20; the warmup's adaptation draws extra ones): here 8 of
+    # the 10 writes, and never more than the epochs begun
+    epochs = mcmc.kernel.minibatches.epochs["data"]
+    assert len(tables) <= min(epochs, len(indexes) - 1), (len(tables), epochs, len(indexes))
+    assert len(set(tables)) == len(tables)  # each table file written once
     # each holds 10 draws; all but the first also the previous chunk's entry (name, range, SHA-256)
     sizes = [size for _, size in chunks]
     assert max(sizes[1:]) - min(sizes[1:]) < 64 and sizes[0] <= min(sizes[1:]), sizes
@@ -400,7 +412,7 @@ def test_a_fresh_start_removes_the_old_chunks(tmp_path):
 
     MCMC(SGHMC(script.model, step_size=0.02), checkpoint_path=path, checkpoint_every=10, resume=False,
          disable_progbar=True, **script.SETTINGS).run(*script.data())  # fmt: skip
-    after = sorted(p.name for p in chunk_directory(path).iterdir())
+    after = sorted(p.name for p in chunk_directory(path).iterdir() if not p.name.startswith("blob-"))
     assert before != after
     assert after == [f"{s:012d}-{s + 10:012d}.pt" for s in range(0, script.SETTINGS["num_samples"], 10)]
 
@@ -428,8 +440,9 @@ def test_checkpoint_sync_decides_the_fsyncs_and_both_resume_bit_identically(refe
 
     with pytest.raises(Interrupt):
         run(interrupt_at_step_57)
-    # 5 writes by step 50: 5 indexes and 1 chunk (the draws of steps 41-50), each fsync-ed with sync
-    assert len(calls) == (6 if sync else 0)
+    # 5 writes by step 50: 5 indexes, 1 chunk (the draws of steps 41-50) and the permutation table at each
+    # write that follows a new epoch (5 here), each fsync-ed with sync
+    assert len(calls) == (11 if sync else 0)
     resumed = run()
     _equal_runs(reference_run.get_samples(group_by_chain=True), reference_run.sample_stats,
                 resumed.get_samples(group_by_chain=True), resumed.sample_stats)  # fmt: skip
@@ -441,3 +454,20 @@ def test_checkpoint_sync_must_be_a_bool(value):
 
     with pytest.raises(TypeError, match="checkpoint_sync must be True or False"):
         MCMC(SGHMC(script.model), 5, 5, chain_method="vectorized", checkpoint_path="x.ckpt", checkpoint_sync=value)
+
+
+def test_a_refused_checkpoint_leaves_no_draws_to_read(interrupted_files, tmp_path):
+    """The chunks are read before the kernel's state is validated: when the state is refused, the draws
+    read from the chunks are not offered as a partial run."""
+    from pyro_sgmcmc import MCMC, SGHMC, RunNotFinished
+
+    def nan_position(saved):
+        saved["kernel"]["state"]["position"][0, 0] = float("nan")
+
+    path = _edit(interrupted_files, tmp_path, nan_position, recompute=True)
+    mcmc = MCMC(SGHMC(script.model, step_size=0.02), checkpoint_path=path, checkpoint_every=10,
+                disable_progbar=True, **script.SETTINGS)  # fmt: skip
+    with pytest.raises(CheckpointMismatch, match="position is not finite"):
+        mcmc.run(*script.data())
+    with pytest.raises(RunNotFinished, match="CheckpointMismatch"):
+        mcmc.get_samples()
