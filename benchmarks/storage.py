@@ -110,14 +110,16 @@ def measure_checkpoint(steps: int, chains: int, every: int) -> dict:
     import pyro_sgmcmc.mcmc as mcmc_module
 
     writes = []
-    original = mcmc_module.save_checkpoint
+    checkpoint_class = getattr(mcmc_module, "_RunCheckpoint", None)  # (before #20: save_checkpoint alone)
+    owner, attribute = (checkpoint_class, "write") if checkpoint_class else (mcmc_module, "save_checkpoint")
+    original = getattr(owner, attribute)
 
     def timed(*args, **kwargs):
         start = time.perf_counter()
         original(*args, **kwargs)
         writes.append(time.perf_counter() - start)
 
-    mcmc_module.save_checkpoint = timed
+    setattr(owner, attribute, timed)
     out = {"draw_bytes": chains * (steps - 10) * DIM * 4, "repeats": REPEATS}
     runs = [name for _ in range(REPEATS) for name in ("plain", "checkpointed", "checkpointed_nosync")]
     for name in runs:  # interleaved, the fastest of REPEATS kept: the machine is shared
@@ -137,11 +139,12 @@ def measure_checkpoint(steps: int, chains: int, every: int) -> dict:
             out[name] = min(out.get(name, math.inf), time.perf_counter() - start)
             if name == "checkpointed":
                 directory = path.with_name(path.name + ".draws")
-                chunks = list(directory.iterdir()) if directory.is_dir() else []  # (before #20: one file)
+                files = list(directory.iterdir()) if directory.is_dir() else []  # (before #20: one file)
+                chunks = [p for p in files if not p.name.startswith("blob-")]
                 out["index_bytes"] = path.stat().st_size
                 out["chunk_bytes"] = sum(p.stat().st_size for p in chunks)
                 out["num_chunks"] = len(chunks)
-                out["last_index_write_s"] = writes[-1]
+                out["last_write_s"] = writes[-1]
     out["ratio"] = out["checkpointed"] / out["plain"]
     out["ratio_nosync"] = out["checkpointed_nosync"] / out["plain"]
     return out
@@ -187,7 +190,7 @@ def main(argv=None) -> dict:
         f"checkpoint {steps} steps x 16 chains: plain {r['plain']:.2f} s, "
         f"checkpoint_every=10 {r['checkpointed']:.2f} s (ratio {r['ratio']:.2f}; without fsync "
         f"{r['checkpointed_nosync']:.2f} s, ratio {r['ratio_nosync']:.2f}); "
-        f"last index write {1e3 * r['last_index_write_s']:.1f} ms, index "
+        f"last write {1e3 * r['last_write_s']:.1f} ms, index "
         f"{r['index_bytes'] / 1e3:.1f} kB, {r['num_chunks']} chunks {r['chunk_bytes'] / 1e6:.2f} MB for "
         f"{r['draw_bytes'] / 1e6:.2f} MB of draws"
     )

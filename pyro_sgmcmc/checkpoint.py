@@ -42,6 +42,7 @@ __all__ = [
     "read_chunk",
     "read_chunks",
     "write_blob",
+    "commit_files",
     "read_blob",
     "chunk_directory",
     "clear_chunks",
@@ -109,20 +110,54 @@ def check_serialisable(payload: Any, what: str = "the checkpoint") -> None:
 
 
 # ---------------------------------------------------------------------- files
-def _write_atomically(data: bytes, path: Path, sync: bool = True) -> None:
+def _write_atomically(data: bytes, path: Path, sync: bool = True, pending: Optional[list] = None) -> None:
     """Write to ``<path>.tmp`` then rename over ``path``: a killed process leaves the old file or the new one.
 
     With ``sync`` the data are ``fsync``-ed before the rename, so that after a power failure or an
     operating-system crash the renamed file is not empty or torn either (the directory entry itself is
-    not synced: the previous file may then come back, which is still a complete checkpoint).
+    not synced: the previous file may then come back, which is still a complete checkpoint). With a
+    ``pending`` list the file is only queued there, for :func:`commit_files`.
     """
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
+    if pending is not None:
+        pending.append((data, path))
+        return
+    commit_files([(data, path)], sync)
+
+
+def commit_files(files: List[Tuple[bytes, Path]], sync: bool = True) -> None:
+    """Write several files atomically, renamed in the order given (a checkpoint: chunk and tables, then index).
+
+    Every file is written to its ``.tmp`` first; with ``sync`` all are ``fsync``-ed *concurrently* (the
+    file system commits them together: one disk flush's latency instead of one per file), and only then
+    renamed, one after the other, so that the index never names a file that is not complete.
+    """
+    handles = []
+    try:
+        for data, path in files:
+            handle = open(path.with_name(path.name + ".tmp"), "wb")
+            handles.append(handle)
+            handle.write(data)
+            handle.flush()
         if sync:
-            os.fsync(handle.fileno())
-    os.replace(tmp, path)
+            list(_fsync_pool().map(lambda h: os.fsync(h.fileno()), handles))
+    finally:
+        for handle in handles:
+            handle.close()
+    for _, path in files:
+        os.replace(path.with_name(path.name + ".tmp"), path)
+
+
+_POOL = None
+
+
+def _fsync_pool():
+    """Threads for concurrent ``fsync`` (they wait on the disk, not the CPU)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyro_sgmcmc-fsync")
+    return _POOL
 
 
 def _serialise(payload: Any) -> bytes:
@@ -165,6 +200,7 @@ def write_chunk(
     stats: Dict[str, torch.Tensor],
     previous: Optional[dict] = None,
     sync: bool = True,
+    pending: Optional[list] = None,
 ) -> dict:
     """Write draws ``start ..`` (``(chains, n, dim)`` and ``(chains, n)`` statistics) as one chunk file.
 
@@ -184,7 +220,7 @@ def write_chunk(
         }
     )
     name = f"{start:012d}-{stop:012d}.pt"
-    _write_atomically(data, directory / name, sync)
+    _write_atomically(data, directory / name, sync, pending)
     return {"file": name, "start": start, "stop": stop, "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -238,7 +274,9 @@ def read_chunks(
     return chunks[::-1]
 
 
-def write_blob(path: Union[str, os.PathLike], tensor: torch.Tensor, sync: bool = True) -> dict:
+def write_blob(
+    path: Union[str, os.PathLike], tensor: torch.Tensor, sync: bool = True, pending: Optional[list] = None
+) -> dict:
     """Write a large tensor of the state that changes rarely (a permutation table) as its own file.
 
     Returns its entry for the index: the file name (from its SHA-256) and the SHA-256.
@@ -248,7 +286,7 @@ def write_blob(path: Union[str, os.PathLike], tensor: torch.Tensor, sync: bool =
     data = _serialise(_own_copy(tensor))
     digest = hashlib.sha256(data).hexdigest()
     name = f"blob-{digest}.pt"
-    _write_atomically(data, directory / name, sync)
+    _write_atomically(data, directory / name, sync, pending)
     return {"file": name, "sha256": digest}
 
 
@@ -271,12 +309,14 @@ def read_blob(path: Union[str, os.PathLike], entry: Any, record: str) -> torch.T
     return tensor
 
 
-def save_checkpoint(payload: dict, path: Union[str, os.PathLike], sync: bool = True) -> None:
+def save_checkpoint(
+    payload: dict, path: Union[str, os.PathLike], sync: bool = True, pending: Optional[list] = None
+) -> None:
     """Write the index ``payload`` (with its format version and checksums) to ``path`` atomically
     (``fsync``-ed first with ``sync``)."""
     payload = {"format_version": FORMAT_VERSION, **payload}
     payload["checksums"] = checksums(payload)
-    _write_atomically(_serialise(payload), Path(path), sync)
+    _write_atomically(_serialise(payload), Path(path), sync, pending)
 
 
 def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:

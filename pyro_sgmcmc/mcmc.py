@@ -29,6 +29,7 @@ from .checkpoint import (
     check_serialisable,
     chunk_directory,
     clear_chunks,
+    commit_files,
     expected_draws,
     load_checkpoint,
     read_blob,
@@ -468,26 +469,27 @@ class _RunCheckpoint:
         self.steps_done = 0
 
     def write(self, steps_done: int, phase: str, kernel: SGMCMCKernel, store: DrawStore) -> None:
-        """One chunk with the draws since the last write (O(k)), then the index, each atomically."""
+        """One chunk with the draws since the last write (O(k)), a new permutation table if an epoch began,
+        then the index: written together (their fsyncs concurrent), renamed in that order."""
+        pending: list = []
+        last_chunk = self.last_chunk
         if store.count > self.written:
             positions, stats = store.filled(self.written)
-            self.last_chunk = write_chunk(self.path, self.written, positions, stats, self.last_chunk, self.sync)
-            self.written = store.count
-        save_checkpoint(
-            {
-                "fingerprint": self.fingerprint,
-                "steps_done": steps_done,
-                "phase": phase,
-                "kernel": self._externalise(kernel.state_dict()),
-                "last_chunk": self.last_chunk,
-            },
-            self.path,
-            self.sync,
-        )
-        self.steps_done = steps_done
+            last_chunk = write_chunk(self.path, self.written, positions, stats, last_chunk, pending=pending)
+        state = self._externalise(kernel.state_dict(), pending)
+        payload = {
+            "fingerprint": self.fingerprint,
+            "steps_done": steps_done,
+            "phase": phase,
+            "kernel": state,
+            "last_chunk": last_chunk,
+        }
+        save_checkpoint(payload, self.path, pending=pending)
+        commit_files(pending, self.sync)
+        self.last_chunk, self.written, self.steps_done = last_chunk, store.count, steps_done
         self._forget_replaced_tables()
 
-    def _externalise(self, state: dict) -> dict:
+    def _externalise(self, state: dict, pending: list) -> dict:
         """Move the minibatch permutation tables out of the index: each in its own file, written only when
         its plate has begun a new epoch since the previous write (O(C N) once per epoch, not per write)."""
         minibatches = dict(state["minibatches"])
@@ -496,7 +498,7 @@ class _RunCheckpoint:
         for name, table in minibatches.pop("permutations").items():
             entry = self.tables.get(name)
             if entry is None or entry["epoch"] != epochs.get(name):
-                entry = {**write_blob(self.path, table, self.sync), "epoch": epochs.get(name), "replaces": entry}
+                entry = {**write_blob(self.path, table, pending=pending), "epoch": epochs.get(name), "replaces": entry}
                 self.tables[name] = entry
             files[name] = {"file": entry["file"], "sha256": entry["sha256"]}
         minibatches["permutation_files"] = files

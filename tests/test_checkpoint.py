@@ -369,15 +369,17 @@ def test_a_callable_step_size_resumes_in_a_fresh_process(tmp_path):
 def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_path, monkeypatch):
     """O(k) per write: every write is one new chunk (the draws since the previous write) and the index, whose
     size does not grow with the draws; a chunk file, once written, is never written again."""
-    import pyro_sgmcmc.checkpoint as checkpoint
+    import pyro_sgmcmc.mcmc as mcmc_module
 
-    writes = []
-    original = checkpoint._write_atomically
-    monkeypatch.setattr(
-        checkpoint,
-        "_write_atomically",
-        lambda data, p, *rest: writes.append((p.name, len(data))) or original(data, p, *rest),
-    )
+    writes, batches = [], []
+    original = mcmc_module.commit_files
+
+    def commit(files, *rest):
+        writes.extend((p.name, len(data)) for data, p in files)
+        batches.append([p.name for _, p in files])
+        return original(files, *rest)
+
+    monkeypatch.setattr(mcmc_module, "commit_files", commit)
     path = tmp_path / "run.ckpt"
     mcmc = script.run(checkpoint=path, every=10)
     chunks = [(name, size) for name, size in writes if name != "run.ckpt" and not name.startswith("blob-")]
@@ -392,6 +394,8 @@ def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_pat
     epochs = mcmc.kernel.minibatches.epochs["data"]
     assert len(tables) <= min(epochs, len(indexes) - 1), (len(tables), epochs, len(indexes))
     assert len(set(tables)) == len(tables)  # each table file written once
+    # one batch per write, the index renamed last (after the files it names)
+    assert len(batches) == len(indexes) and all(batch[-1] == "run.ckpt" for batch in batches)
     # each holds 10 draws; all but the first also the previous chunk's entry (name, range, SHA-256)
     sizes = [size for _, size in chunks]
     assert max(sizes[1:]) - min(sizes[1:]) < 64 and sizes[0] <= min(sizes[1:]), sizes
