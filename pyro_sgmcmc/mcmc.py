@@ -119,12 +119,15 @@ disable_validation, transforms, save_params :
         only). Default: drawn from torch's global generator, so ``pyro.set_rng_seed`` applies.
     checkpoint_path : str or path, optional
         Write the run's complete state (positions, momenta, thermostats, step counter, every
-        chain's random-generator state and minibatch cursor, draws and statistics so far,
-        divergence records) to this file every ``checkpoint_every`` steps, atomically. If the
-        file exists when :meth:`run` starts (an interrupted run with the same settings) and
-        ``resume`` is true, the run continues from it and its draws are bit-identical to those of
-        an uninterrupted run; a file from a run with other settings raises
-        :class:`~pyro_sgmcmc.checkpoint.CheckpointMismatch`. The final checkpoint is kept.
+        chain's random-generator state and minibatch cursor, divergence records) to this file
+        every ``checkpoint_every`` steps, atomically, and the draws kept since the previous write
+        to a new chunk file in ``<checkpoint_path>.draws/`` (a write costs O(k), see
+        :mod:`pyro_sgmcmc.checkpoint`). If the file exists when :meth:`run` starts (an interrupted
+        run with the same settings) and ``resume`` is true, the run continues from it and its draws
+        are bit-identical to those of an uninterrupted run; a file from a run with other settings,
+        or one that is damaged or edited, raises :class:`~pyro_sgmcmc.checkpoint.CheckpointMismatch`
+        naming what differs. Files are read with ``torch.load(weights_only=True)``. The final
+        checkpoint is kept.
     checkpoint_every : int, optional
         Steps between checkpoints (a process killed at any moment loses at most this many steps).
         Default 1,000 when ``checkpoint_path`` is given.
