@@ -20,7 +20,7 @@ from .kernels import (
     SGMCMCState,
     SlowMixingWarning,
 )
-from .mcmc import MCMC
+from .mcmc import MCMC, PartialRun, PartialRunWarning, RunNotFinished
 from .potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
 from .uncertainty import UncertaintyDecomposition, decompose_uncertainty
@@ -33,6 +33,9 @@ __all__ = [
     "LaplaceApproximation",
     "AutoDiagVI",
     "TemperedELBO",
+    "PartialRun",
+    "PartialRunWarning",
+    "RunNotFinished",
     "to_inference_data",
     "nested_rhat",
     "nested_rhat_threshold",

@@ -1,55 +1,370 @@
-"""Atomic checkpoint files for long runs.
+"""Incremental, checksummed, atomic checkpoints for long runs.
 
-A checkpoint is a ``torch.save`` dictionary written to ``<path>.tmp``, flushed to disk, then
-renamed over ``<path>`` (``os.replace`` is atomic on POSIX and Windows), so a process killed at any
-moment leaves either the previous checkpoint or the new one, never a torn file.
+A checkpoint is two things:
+
+* the **index**, ``<path>``: a small ``torch.save`` dictionary with the run's fingerprint, the step
+  counter, the kernel's state (positions, momenta, random streams, minibatch cursors, adaptation,
+  divergence records), the list of draw chunks, and a SHA-256 checksum of every record;
+* the **draw chunks**, ``<path>.draws/<first>-<stop>.pt``: the draws (and their statistics) kept
+  between two writes, each file written once and never rewritten. Each chunk holds the SHA-256 of
+  the one before it (a hash chain) and the index that of the last, so the index does not grow;
+* the **permutation tables** of the minibatch sampler, ``<path>.draws/blob-<sha256>.pt``: written
+  when a plate begins a new epoch, not at every write (they are ``num_chains x N`` integers).
+
+A write costs ``O(k)`` for the ``k`` steps since the previous one: one new chunk and the small index
+(the kernel's state does not grow with the run). Each file is written to ``<name>.tmp``, flushed,
+``fsync``-ed (unless ``sync=False``) and renamed over its name (``os.replace`` is atomic on POSIX
+and Windows), the chunk before the index that lists it, so a process killed at any moment leaves a
+complete checkpoint: the previous index with its chunks, or the new one. A chunk written but not yet
+listed is written again, bit for bit the same, by the resumed run.
+
+On resume every record is verified: a file that is not a checkpoint, a record whose bytes differ
+from its checksum (a flipped byte, an edited field) and a missing or altered chunk are each a
+:class:`CheckpointMismatch` that names the record. Files are read with
+``torch.load(weights_only=True)``: only tensors, numbers, strings and containers are unpickled, so
+a crafted file cannot run code.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointMismatch"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "write_chunk",
+    "read_chunk",
+    "read_chunks",
+    "write_blob",
+    "commit_files",
+    "read_blob",
+    "chunk_directory",
+    "clear_chunks",
+    "checksums",
+    "check_serialisable",
+    "expected_draws",
+    "CheckpointMismatch",
+]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
 
 class CheckpointMismatch(ValueError):
-    """The checkpoint was written by a run with different settings than the one resuming it."""
+    """The checkpoint cannot be resumed: other settings, a damaged or altered record, or not a checkpoint."""
 
 
-def save_checkpoint(payload: dict, path: Union[str, os.PathLike]) -> None:
-    """Write ``payload`` to ``path`` atomically (write to a temporary file, fsync, rename)."""
+# ---------------------------------------------------------------------- records and checksums
+def records(payload: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """The leaves of a nested payload (dicts, lists, tuples) with their paths, e.g. ``kernel/state/position``."""
+    if isinstance(payload, dict):
+        for key, value in payload.items():
+            yield from records(value, f"{prefix}/{key}" if prefix else str(key))
+    elif isinstance(payload, (list, tuple)) and not isinstance(payload, torch.Size):
+        yield prefix, ("list" if isinstance(payload, list) else "tuple", len(payload))
+        for i, value in enumerate(payload):
+            yield from records(value, f"{prefix}[{i}]")
+    else:
+        yield prefix, payload
+
+
+def _digest(value: Any) -> str:
+    """SHA-256 of a record: a tensor's dtype, shape and bytes; any other leaf's type and ``repr``."""
+    h = hashlib.sha256()
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        h.update(f"tensor {tensor.dtype} {tuple(tensor.shape)}".encode())
+        if tensor.numel():
+            h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    else:
+        h.update(f"{type(value).__name__} {value!r}".encode())
+    return h.hexdigest()
+
+
+def checksums(payload: dict) -> Dict[str, str]:
+    """``{record path: SHA-256}`` for every leaf of ``payload`` (see :func:`records`)."""
+    return {path: _digest(value) for path, value in records(payload)}
+
+
+def check_serialisable(payload: Any, what: str = "the checkpoint") -> None:
+    """Raise ``TypeError`` naming the first record that ``torch.load(weights_only=True)`` could not read.
+
+    Called before the first step of a checkpointed run, so that a state holding, say, a function
+    fails at once with its name instead of at the first write.
+    """
+    for path, value in records(payload):
+        if isinstance(value, tuple) and len(value) == 2 and value[0] in ("list", "tuple"):
+            continue  # a container's record (its kind and length)
+        if not isinstance(value, (torch.Tensor, *_SCALARS)):
+            raise TypeError(
+                f"{what} cannot be checkpointed: record {path!r} is a {type(value).__name__} ({value!r}); "
+                "only tensors, numbers, strings and containers of them can be saved and loaded safely "
+                "(a callable schedule keeps no state: pass it again to the resuming run)"
+            )
+
+
+# ---------------------------------------------------------------------- files
+def _write_atomically(data: bytes, path: Path, sync: bool = True, pending: Optional[list] = None) -> None:
+    """Write to ``<path>.tmp`` then rename over ``path``: a killed process leaves the old file or the new one.
+
+    With ``sync`` the data are ``fsync``-ed before the rename, so that after a power failure or an
+    operating-system crash the renamed file is not empty or torn either (the directory entry itself is
+    not synced: the previous file may then come back, which is still a complete checkpoint). With a
+    ``pending`` list the file is only queued there, for :func:`commit_files`.
+    """
+    if pending is not None:
+        pending.append((data, path))
+        return
+    commit_files([(data, path)], sync)
+
+
+def commit_files(files: List[Tuple[bytes, Path]], sync: bool = True) -> None:
+    """Write several files atomically, renamed in the order given (a checkpoint: chunk and tables, then index).
+
+    Every file is written to its ``.tmp`` first; with ``sync`` all are ``fsync``-ed *concurrently* (the
+    file system commits them together: one disk flush's latency instead of one per file), and only then
+    renamed, one after the other, so that the index never names a file that is not complete.
+    """
+    handles = []
+    try:
+        for data, path in files:
+            handle = open(path.with_name(path.name + ".tmp"), "wb")
+            handles.append(handle)
+            handle.write(data)
+            handle.flush()
+        if sync:
+            list(_fsync_pool().map(lambda h: os.fsync(h.fileno()), handles))
+    finally:
+        for handle in handles:
+            handle.close()
+    for _, path in files:
+        os.replace(path.with_name(path.name + ".tmp"), path)
+
+
+_POOL = None
+
+
+def _fsync_pool():
+    """Threads for concurrent ``fsync`` (they wait on the disk, not the CPU)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyro_sgmcmc-fsync")
+    return _POOL
+
+
+def _serialise(payload: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def _load(data: bytes, what: str) -> Any:
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as error:  # truncated, not a torch file, a pickle of something else, ...
+        raise CheckpointMismatch(
+            f"{what} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: "
+            f"{(str(error).splitlines() or [''])[0]})"
+        ) from error
+
+
+def chunk_directory(path: Union[str, os.PathLike]) -> Path:
+    """Where the draw chunks of checkpoint ``path`` live: ``<path>.draws``."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        torch.save({"format_version": FORMAT_VERSION, **payload}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    return path.with_name(path.name + ".draws")
+
+
+def clear_chunks(path: Union[str, os.PathLike]) -> None:
+    """Remove the draw chunks of checkpoint ``path`` (a run that starts afresh); only this module's files."""
+    directory = chunk_directory(path)
+    if not directory.is_dir():
+        return
+    for item in directory.iterdir():
+        stem = item.name.split(".")[0]
+        if item.suffix in (".pt", ".tmp") and (stem.replace("-", "").isdigit() or stem.startswith("blob-")):
+            item.unlink()
+
+
+def write_chunk(
+    path: Union[str, os.PathLike],
+    start: int,
+    positions: torch.Tensor,
+    stats: Dict[str, torch.Tensor],
+    previous: Optional[dict] = None,
+    sync: bool = True,
+    pending: Optional[list] = None,
+) -> dict:
+    """Write draws ``start ..`` (``(chains, n, dim)`` and ``(chains, n)`` statistics) as one chunk file.
+
+    The chunk holds the entry of the ``previous`` chunk (name, draw range, SHA-256): the chunks form a
+    hash chain, so the index only lists the last one and stays the same size however long the run.
+    Returns this chunk's entry.
+    """
+    directory = chunk_directory(path)
+    directory.mkdir(exist_ok=True)
+    stop = start + positions.shape[1]
+    data = _serialise(
+        {
+            # copies of just these draws: a view would save the whole preallocated buffer behind it
+            "positions": _own_copy(positions),
+            "stats": {k: _own_copy(v) for k, v in stats.items()},
+            "previous": previous,
+        }
+    )
+    name = f"{start:012d}-{stop:012d}.pt"
+    _write_atomically(data, directory / name, sync, pending)
+    return {"file": name, "start": start, "stop": stop, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU tensor with its own storage (``torch.save`` writes a view's whole storage)."""
+    tensor = tensor.detach()
+    return tensor.to("cpu", copy=True, memory_format=torch.contiguous_format)
+
+
+def read_chunk(
+    path: Union[str, os.PathLike], entry: dict
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Optional[dict]]:
+    """Read and verify one chunk: ``(positions, stats, entry of the previous chunk)``.
+
+    A missing chunk, one whose bytes differ from the SHA-256 in ``entry`` or one that does not hold
+    draws is a :class:`CheckpointMismatch` naming it.
+    """
+    if not isinstance(entry, dict) or not all(k in entry for k in ("file", "start", "stop", "sha256")):
+        raise CheckpointMismatch(f"checkpoint {path}: a draw-chunk record is malformed ({entry!r})")
+    file = chunk_directory(path) / Path(str(entry["file"])).name
+    if not file.is_file():
+        raise CheckpointMismatch(f"checkpoint {path}: the draw chunk {file} is missing")
+    data = file.read_bytes()
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointMismatch(
+            f"checkpoint {path}: the draw chunk {file} (draws {entry['start']}-{entry['stop']}) does not match "
+            "its checksum: it was damaged or altered"
+        )
+    chunk = _load(data, f"the draw chunk {file}")
+    if not isinstance(chunk, dict) or not isinstance(chunk.get("positions"), torch.Tensor):
+        raise CheckpointMismatch(f"checkpoint {path}: the draw chunk {file} does not hold draws")
+    return chunk["positions"], dict(chunk.get("stats") or {}), chunk.get("previous")
+
+
+def read_chunks(
+    path: Union[str, os.PathLike], last: Optional[dict]
+) -> List[Tuple[dict, torch.Tensor, Dict[str, torch.Tensor]]]:
+    """Follow the hash chain back from the ``last`` chunk: ``[(entry, positions, stats), ...]`` from draw 0."""
+    chunks = []
+    entry = last
+    while entry is not None:
+        positions, stats, previous = read_chunk(path, entry)
+        chunks.append((entry, positions, stats))
+        if previous is not None and (not isinstance(previous, dict) or previous.get("stop") != entry["start"]):
+            raise CheckpointMismatch(
+                f"checkpoint {path}: the draw chunk {entry['file']} does not follow the one it names ({previous!r})"
+            )
+        if previous is None and entry["start"] != 0:
+            raise CheckpointMismatch(f"checkpoint {path}: the first draw chunk {entry['file']} does not start at 0")
+        entry = previous
+    return chunks[::-1]
+
+
+def write_blob(
+    path: Union[str, os.PathLike], tensor: torch.Tensor, sync: bool = True, pending: Optional[list] = None
+) -> dict:
+    """Write a large tensor of the state that changes rarely (a permutation table) as its own file.
+
+    Returns its entry for the index: the file name (from its SHA-256) and the SHA-256.
+    """
+    directory = chunk_directory(path)
+    directory.mkdir(exist_ok=True)
+    data = _serialise(_own_copy(tensor))
+    digest = hashlib.sha256(data).hexdigest()
+    name = f"blob-{digest}.pt"
+    _write_atomically(data, directory / name, sync, pending)
+    return {"file": name, "sha256": digest}
+
+
+def read_blob(path: Union[str, os.PathLike], entry: Any, record: str) -> torch.Tensor:
+    """Read and verify a tensor written by :func:`write_blob` (:class:`CheckpointMismatch` naming it otherwise)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or "sha256" not in entry:
+        raise CheckpointMismatch(f"checkpoint {path}: the record {record!r} is malformed ({entry!r})")
+    file = chunk_directory(path) / Path(entry["file"]).name
+    if not file.is_file():
+        raise CheckpointMismatch(f"checkpoint {path}: the file {file} of record {record!r} is missing")
+    data = file.read_bytes()
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointMismatch(
+            f"checkpoint {path}: the file {file} of record {record!r} does not match its checksum: it was damaged "
+            "or altered"
+        )
+    tensor = _load(data, f"the file {file} of record {record!r}")
+    if not isinstance(tensor, torch.Tensor):
+        raise CheckpointMismatch(f"checkpoint {path}: the file {file} of record {record!r} does not hold a tensor")
+    return tensor
+
+
+def save_checkpoint(
+    payload: dict, path: Union[str, os.PathLike], sync: bool = True, pending: Optional[list] = None
+) -> None:
+    """Write the index ``payload`` (with its format version and checksums) to ``path`` atomically
+    (``fsync``-ed first with ``sync``)."""
+    payload = {"format_version": FORMAT_VERSION, **payload}
+    payload["checksums"] = checksums(payload)
+    _write_atomically(_serialise(payload), Path(path), sync, pending)
 
 
 def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
-    """Read a checkpoint and check that it belongs to a run with the same ``fingerprint``."""
-    try:
-        payload = torch.load(Path(path), weights_only=False, map_location="cpu")
-    except Exception as error:  # truncated, not a torch file, ...
-        raise CheckpointMismatch(
-            f"{path} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: {error})"
-        ) from error
+    """Read a checkpoint's index, verify every record's checksum and that it belongs to ``fingerprint``'s run."""
+    payload = _load(Path(path).read_bytes(), str(path))
     if not isinstance(payload, dict):
         raise CheckpointMismatch(f"{path} is not a pyro_sgmcmc checkpoint (it holds a {type(payload).__name__})")
     if payload.get("format_version") != FORMAT_VERSION:
         raise CheckpointMismatch(
             f"checkpoint {path} has format {payload.get('format_version')!r}, expected {FORMAT_VERSION}"
         )
+    _verify(path, payload)
     if payload.get("fingerprint") != fingerprint:
         raise CheckpointMismatch(
-            f"checkpoint {path} was written by a run with different settings:\n  theirs {payload.get('fingerprint')}\n"
-            f"  ours   {fingerprint}\nuse another checkpoint path, delete the file, or pass resume=False"
+            f"checkpoint {path} was written by a run with different settings:\n"
+            f"{_differences(payload.get('fingerprint'), fingerprint)}\n"
+            "use another checkpoint path, delete the file, or pass resume=False"
         )
     return payload
+
+
+def _verify(path, payload: dict) -> None:
+    """Every record present, none added, each equal to its checksum."""
+    saved = payload.get("checksums")
+    if not isinstance(saved, dict):
+        raise CheckpointMismatch(f"checkpoint {path} has no checksums")
+    actual = checksums({k: v for k, v in payload.items() if k != "checksums"})
+    for name in sorted(set(saved) | set(actual)):
+        if saved.get(name) != actual.get(name):
+            state = "missing" if name not in actual else "unlisted" if name not in saved else "altered or damaged"
+            raise CheckpointMismatch(
+                f"checkpoint {path}: record {name!r} does not match its checksum ({state}); the file was damaged or "
+                "edited: delete it (and its .draws directory) or pass resume=False"
+            )
+
+
+def _differences(theirs: Any, ours: Any) -> str:
+    """The settings that differ, one per line (all of both when they are not comparable)."""
+    if not (isinstance(theirs, dict) and isinstance(ours, dict)):
+        return f"  theirs {theirs}\n  ours   {ours}"
+    lines = []
+    for key in list(ours) + [k for k in theirs if k not in ours]:
+        if theirs.get(key) != ours.get(key):
+            lines.append(f"  {key}: theirs {theirs.get(key, '(absent)')!r}, ours {ours.get(key, '(absent)')!r}")
+    return "\n".join(lines)
+
+
+def expected_draws(steps_done: int, warmup_steps: int, thinning: int, num_kept_steps: int, capacity: int) -> int:
+    """Draws a run keeps after ``steps_done`` steps (``capacity`` of the last ``num_kept_steps`` kept ones)."""
+    kept = max(0, steps_done - warmup_steps) // thinning
+    return max(0, kept - (num_kept_steps - capacity))

@@ -93,7 +93,11 @@ def to_inference_data(
     kernel = mcmc.kernel
     potential = getattr(kernel, "potential", None)
     if potential is None or mcmc._samples is None:
-        raise ValueError("to_inference_data needs a finished run of an SG-MCMC kernel: call mcmc.run(...) first")
+        partial = getattr(mcmc, "partial", None)
+        raise ValueError(
+            "to_inference_data needs the draws of a run of an SG-MCMC kernel: "
+            + ("call mcmc.run(...) first" if partial is None else f"none were kept: {partial.describe()}")
+        )
     samples = {k: v.detach().cpu().numpy() for k, v in mcmc.get_samples(group_by_chain=True).items()}
     num_chains, num_draws = next(iter(samples.values())).shape[:2]
     dims = dict(dims or {})
@@ -113,8 +117,11 @@ def to_inference_data(
                 groups[group] = {k: v.reshape(num_chains, num_draws, *v.shape[1:]) for k, v in values.items()}
     idata = az.from_dict(**groups, coords=coords, dims=dims)
     superchains = np.asarray(getattr(mcmc, "superchain_ids", torch.arange(num_chains)))
+    partial = getattr(mcmc, "partial", None)
     for group in ("posterior", "sample_stats"):
         setattr(idata, group, getattr(idata, group).assign_coords(superchain=("chain", superchains)))
+        if partial is not None:  # an interrupted run: its draws, marked as such
+            getattr(idata, group).attrs["partial_run"] = partial.describe()
     return idata
 
 

@@ -86,6 +86,8 @@ class MinibatchSampler:
                 self._offsets[plate.name] = torch.arange(width, device=device)
         # Cursor at the end: the first call shuffles. (Computed plates count the data drawn this epoch.)
         self.cursors: Dict[str, int] = {p.name: p.size for p in self.plates}
+        # epochs begun per plate: a checkpoint rewrites a plate's permutation table only when this changes
+        self.epochs: Dict[str, int] = {p.name: 0 for p in self.plates}
 
     def next(self) -> Dict[str, torch.Tensor]:
         """Indices for the next step: ``{plate name: LongTensor (num_chains, subsample_size)}``."""
@@ -100,6 +102,7 @@ class MinibatchSampler:
                 for chain in range(len(self.generators)):
                     permutation[chain] = self.generators.permutation(chain, plate.size)
                 cursor = 0
+                self.epochs[plate.name] += 1
             indices[plate.name] = permutation[:, cursor : cursor + plate.subsample_size]
             self.cursors[plate.name] = cursor + plate.subsample_size
         return indices
@@ -111,6 +114,7 @@ class MinibatchSampler:
             self.keys[name].copy_(self.generators.integers(2**31, (NUM_ROUNDS,)))
             positions.zero_()
             drawn = 0
+            self.epochs[name] += 1
         while True:  # values >= N are skipped
             candidate = positions.unsqueeze(-1) + offsets
             values = bijection(candidate)
@@ -130,6 +134,7 @@ class MinibatchSampler:
             "keys": {k: v.clone() for k, v in self.keys.items()},
             "positions": {k: v.clone() for k, v in self.positions.items()},
             "cursors": dict(self.cursors),
+            "epochs": dict(self.epochs),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -140,6 +145,7 @@ class MinibatchSampler:
             self.positions[name].copy_(state["positions"][name])
         for name in self.cursors:
             self.cursors[name] = int(state["cursors"][name])
+            self.epochs[name] = int(state.get("epochs", {}).get(name, 0))
 
     @property
     def plate_names(self) -> List[str]:

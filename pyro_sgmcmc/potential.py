@@ -24,10 +24,12 @@ views into it in the sorted order of their names (Pyro's own convention for ``MC
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Literal, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Callable, Dict, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import pyro
 import pyro.poutine as poutine
@@ -207,6 +209,7 @@ class ModelPotential:
         self._vectorizable = True
         self._summed_fn = None
         self._summable = True
+        _check_finite_data(self)
 
     # ------------------------------------------------------------------ layout
     @property
@@ -445,6 +448,36 @@ class ModelPotential:
             return None
         self._jitted = compiled
         return compiled
+
+    # ------------------------------------------------------------------ what is not finite (failure paths)
+    def nonfinite_log_densities(
+        self, position: torch.Tensor, indices: Optional[Mapping[str, torch.Tensor]]
+    ) -> List[str]:
+        """Name the sites whose log-density is not finite at ``position`` (``(dim,)``) on a minibatch.
+
+        Not for the hot path: the model is traced once, each site's log-density computed apart
+        (unscaled). Each entry names the site, how many values are ``-inf``, ``+inf`` or NaN, and for
+        an observed site in a subsampled plate the data indices at fault (the first five).
+        """
+        values = {site.name: site.transform(u) for site, u in zip(self.sites, self.unpack(position).values())}
+        with pyro.validation_enabled(False), torch.no_grad():
+            trace = _trace_at(self, values, dict(indices or {}))
+            found = []
+            for name, site in trace.nodes.items():
+                if site["type"] != "sample" or isinstance(site["fn"], _Subsample):
+                    continue
+                log_prob = _site_log_prob_unscaled(site)
+                if bool(torch.isfinite(log_prob).all()):
+                    continue
+                kind = "observed site" if site["is_observed"] and name not in values else "site"
+                where = _data_indices(site, ~torch.isfinite(log_prob), indices or {})
+                found.append(f"{kind} {name!r}: log-density {_count_nonfinite(log_prob)}{where}")
+            for site, u in zip(self.sites, self.unpack(position).values()):
+                if site.has_jacobian and not bool(
+                    torch.isfinite(site.transform.log_abs_det_jacobian(u, values[site.name])).all()
+                ):
+                    found.append(f"site {site.name!r}: log-Jacobian of its transform to the support is not finite")
+        return found
 
     # ------------------------------------------------------------------ initialisation
     def initial_position(
@@ -937,17 +970,215 @@ def _normal_base(fn) -> Optional[Tuple[torch.distributions.Normal, int]]:
     return (base, event_dims) if type(base) in _NORMALS else None
 
 
+# ---------------------------------------------------------------------- data checks (set-up, failure paths)
+def _check_finite_data(potential: "ModelPotential") -> None:
+    """Refuse data with non-finite values that reach the likelihood, naming the sites and counts.
+
+    Once, at set-up: one ``isfinite`` pass over each floating-point tensor argument of the model.
+    Only if one holds a NaN or an infinity is the model traced over the full data (chunk by chunk
+    of each subsampled plate) to find the observed sites whose values or log-densities they make
+    non-finite; non-finite values the model never uses, or masks, are accepted.
+    """
+    arguments = _nonfinite_arguments(potential.model_args, potential.model_kwargs, _parameter_names(potential.model))
+    if not arguments:
+        return
+    problems = _nonfinite_observations(potential)
+    if problems:
+        raise ModelError(
+            "the data passed to the model hold non-finite values ("
+            + "; ".join(arguments)
+            + ") that reach the likelihood: "
+            + "; ".join(problems)
+            + ". Every minibatch holding one would be a divergence. Remove or impute them, or mask them "
+            "(poutine.mask, or obs_mask)"
+        )
+
+
+def _parameter_names(model: Callable) -> List[str]:
+    """The model's positional parameter names (empty if its signature cannot be read)."""
+    try:
+        return [
+            p.name
+            for p in inspect.signature(model).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        return []
+
+
+def _nonfinite_arguments(args: tuple, kwargs: dict, names: Sequence[str] = ()) -> List[str]:
+    """``"argument 1 ('y'): 3 NaN, 1 inf of 300 values"`` for each floating tensor argument not finite."""
+    found = []
+    named = [
+        (f"argument {i}" + (f" ({names[i]!r})" if i < len(names) else ""), value) for i, value in enumerate(args)
+    ] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    for label, value in named:
+        items = (
+            value.items()
+            if isinstance(value, Mapping)
+            else enumerate(value)
+            if isinstance(value, (list, tuple))
+            else None
+        )
+        tensors = [(label, value)] if items is None else [(f"{label}[{key!r}]", item) for key, item in items]
+        for where, tensor in tensors:
+            if torch.is_tensor(tensor) and (tensor.is_floating_point() or tensor.is_complex()):
+                if not bool(torch.isfinite(tensor).all()):
+                    found.append(f"{where}: {_count_nonfinite(tensor)} of {tensor.numel()} values")
+    return found
+
+
+def _nonfinite_observations(potential: "ModelPotential") -> List[str]:
+    """Per observed site, the data points (over the full data) whose value or log-density is not finite."""
+    plates = list(potential.subsample_plates)
+    chunks = [_index_chunks(p.size, p.subsample_size, potential.device) for p in plates]
+    values = dict(potential._prototype_values)
+    bad: Dict[str, set] = {}
+    totals: Dict[str, int] = {}
+    with pyro.validation_enabled(False), torch.no_grad():
+        for combination in itertools.product(*chunks):
+            indices = {p.name: chunk for p, chunk in zip(plates, combination)}
+            trace = _trace_at(potential, values, indices)
+            for name, site in trace.nodes.items():
+                if site["type"] != "sample" or not site["is_observed"] or isinstance(site["fn"], _Subsample):
+                    continue
+                if name in values:
+                    continue
+                value = site["value"]
+                mask = ~torch.isfinite(value) if torch.is_tensor(value) and value.is_floating_point() else None
+                # non-finite data make the log-density NaN or infinite (an infinite covariate: -inf); the
+                # latent values are the prototype's, finite on a minibatch (checked first by initial_position)
+                nan = ~torch.isfinite(_site_log_prob_unscaled(site))
+                if mask is not None:  # a non-finite observation the distribution does not see as such
+                    mask = mask.reshape(mask.shape[: mask.dim() - site["fn"].event_dim] + (-1,)).any(-1)
+                    try:
+                        nan = nan | torch.broadcast_to(mask, nan.shape)
+                    except RuntimeError:  # shapes that do not line up: the log-density's NaN alone
+                        pass
+                if not bool(nan.any()):
+                    continue
+                points = _bad_points(site, nan, indices)
+                bad.setdefault(name, set()).update(points)
+                totals[name] = _plate_total(site, potential)
+    return [
+        f"observed site {name!r} has {len(points)} of {totals[name]} data points with a non-finite value or "
+        f"log-density (first: {sorted(points)[:5]})"
+        for name, points in bad.items()
+    ]
+
+
+def _index_chunks(size: int, subsample_size: int, device) -> List[torch.Tensor]:
+    """Consecutive chunks of length ``subsample_size`` covering ``range(size)`` (the last overlaps)."""
+    starts = list(range(0, size - subsample_size + 1, subsample_size))
+    if starts[-1] + subsample_size < size:
+        starts.append(size - subsample_size)
+    return [torch.arange(s, s + subsample_size, device=device) for s in starts]
+
+
+def _trace_at(potential: "ModelPotential", values: Mapping[str, torch.Tensor], indices: Mapping[str, torch.Tensor]):
+    """Trace the model with latent ``values`` (constrained) and plate ``indices`` (not scaled, not summed)."""
+    model = poutine.condition(potential.model, data={**indices, **values})
+    return poutine.trace(model).get_trace(*potential.model_args, **potential.model_kwargs)
+
+
+def _site_log_prob_unscaled(site) -> torch.Tensor:
+    log_prob = site["fn"].log_prob(site["value"])
+    if site["mask"] is not None:
+        log_prob = torch.where(torch.as_tensor(site["mask"]), log_prob, torch.zeros_like(log_prob))
+    return log_prob
+
+
+def _count_nonfinite(tensor: torch.Tensor) -> str:
+    """``"2 -inf, 1 NaN"``: the non-finite values of ``tensor`` by kind."""
+    counts = [
+        (int(torch.isnan(tensor).sum()), "NaN"),
+        (int((tensor == math.inf).sum()), "+inf" if bool((tensor == -math.inf).any()) else "inf"),
+        (int((tensor == -math.inf).sum()), "-inf"),
+    ]
+    return ", ".join(f"{n} {kind}" for n, kind in counts if n)
+
+
+def _subsampled_axis(site, indices: Mapping[str, torch.Tensor]):
+    """``(plate name, axis of the log-density)`` of the site's first subsampled plate in ``indices``."""
+    for frame in site["cond_indep_stack"]:
+        if frame.name in indices and frame.dim is not None:
+            return frame.name, frame.dim
+    return None
+
+
+def _bad_points(site, bad: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> set:
+    """The data indices (along the site's subsampled plate) where ``bad`` holds; flat positions otherwise."""
+    plate = _subsampled_axis(site, indices)
+    if plate is None or bad.dim() < -plate[1]:
+        return set(bad.reshape(-1).nonzero().flatten().tolist())
+    name, axis = plate
+    along = bad.movedim(axis, 0).reshape(bad.shape[axis], -1).any(-1)
+    return set(indices[name][along.nonzero().flatten()].tolist())
+
+
+def _plate_total(site, potential: "ModelPotential") -> int:
+    sizes = {p.name: p.size for p in potential.subsample_plates}
+    for frame in site["cond_indep_stack"]:
+        if frame.name in sizes:
+            return sizes[frame.name]
+    return int(site["fn"].batch_shape.numel()) if site["fn"].batch_shape else 1
+
+
+def _data_indices(site, bad: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> str:
+    """`` at data indices [3, 17]`` for an observed site in a subsampled plate (the first five), else ``""``."""
+    plate = _subsampled_axis(site, indices)
+    if plate is None or bad.dim() < -plate[1]:
+        return f" ({int(bad.sum())} of {bad.numel()} values)"
+    points = sorted(_bad_points(site, bad, indices))
+    if len(points) == len(indices[plate[0]]):  # every point: the latent values, not particular data
+        return f" at all {len(points)} minibatch data points"
+    return f" at {len(points)} of {len(indices[plate[0]])} minibatch data points (data indices {points[:5]})"
+
+
 # ---------------------------------------------------------------------- trace inspection
 class _SubsampleCheck(Messenger):
-    """Fail early, naming the plate, when ``subsample_size > size`` (Pyro's own error does not name it)."""
+    """Fail early, naming the plate, on a plate size or ``subsample_size`` that is not a usable count.
+
+    Pyro's own errors for these do not name the plate (``ZeroDivisionError`` for ``subsample_size=0``,
+    "did you use different subsample_size in the model and guide?" for a negative one, a slice
+    ``TypeError`` for ``32.0``) or accept them silently (``True`` is a subsample of one).
+    """
 
     def _pyro_sample(self, msg) -> None:
         fn = msg["fn"]
-        if isinstance(fn, _Subsample) and fn.subsample_size is not None and fn.subsample_size > fn.size:
-            raise ModelError(
-                f"plate {msg['name']!r} has subsample_size={fn.subsample_size} larger than its size={fn.size}; "
-                f"use subsample_size <= {fn.size}"
-            )
+        if isinstance(fn, _Subsample):
+            _check_plate(msg["name"], fn.size, fn.subsample_size)
+
+
+def _check_plate(name: str, size, subsample_size) -> None:
+    """Raise :class:`ModelError` naming plate ``name`` unless ``1 <= subsample_size <= size`` are integers."""
+    accepted = "an integer >= 1 (a Python int, or a 0-d integer tensor)"
+    if not _is_count(size) or int(size) < 1:
+        raise ModelError(
+            f"plate {name!r} has size={size!r}; a plate's size must be {accepted} (an empty plate has no data "
+            "to subsample: leave the plate out, or check the data passed to the model)"
+        )
+    if subsample_size is None:
+        return
+    if not _is_count(subsample_size) or int(subsample_size) < 1:
+        raise ModelError(
+            f"plate {name!r} has subsample_size={subsample_size!r}; it must be {accepted}, at most the plate's "
+            f"size={int(size)} (or None for no subsampling)"
+        )
+    if int(subsample_size) > int(size):
+        raise ModelError(
+            f"plate {name!r} has subsample_size={subsample_size!r} larger than its size={int(size)}; "
+            f"use subsample_size <= {int(size)}"
+        )
+
+
+def _is_count(value) -> bool:
+    """A Python ``int`` that is not a ``bool``, or a 0-d integer tensor (Pyro fails on NumPy integers)."""
+    if torch.is_tensor(value):
+        return (
+            value.dim() == 0 and not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool
+        )
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _discrete_from_prior(init_strategy: Callable, dtype=None, device=None) -> Callable:

@@ -30,9 +30,15 @@ def data():
     return x, x @ torch.tensor([1.0, -2.0, 0.5]) + 0.3 * torch.randn(300, generator=g)
 
 
+def decaying_step(t):
+    """A callable step size (a schedule the kernel cannot adapt: run with adapt_step_size=False)."""
+    return 0.02 / (1.0 + t / 100.0)
+
+
 def run(checkpoint=None, every=None, hook=None, step_size=0.02):
     pyro.set_rng_seed(0)  # the init strategy draws from the global generator
-    mcmc = MCMC(SGHMC(model, step_size=step_size), checkpoint_path=checkpoint, checkpoint_every=every, hook_fn=hook,
+    kernel = SGHMC(model, step_size=step_size, **({} if isinstance(step_size, float) else {"adapt_step_size": False}))
+    mcmc = MCMC(kernel, checkpoint_path=checkpoint, checkpoint_every=every, hook_fn=hook,
                 disable_progbar=True, **SETTINGS)  # fmt: skip
     mcmc.run(*data())
     return mcmc
@@ -45,6 +51,8 @@ if __name__ == "__main__":
     parser.add_argument("--every", type=int)
     parser.add_argument("--progress", action="store_true")
     parser.add_argument("--slow", type=float, default=0.0, help="seconds to sleep per step")
+    parser.add_argument("--callable-step", action="store_true", help="step_size=decaying_step (a function)")
+    parser.add_argument("--stop", type=int, help="exit with status 3 after this many steps (an interruption)")
     args = parser.parse_args()
 
     def hook(kernel, params, stage, t):
@@ -54,7 +62,9 @@ if __name__ == "__main__":
             time.sleep(args.slow)
         if args.progress:
             print(t + 1, flush=True)
+        if args.stop is not None and t + 1 == args.stop:
+            sys.exit(3)
 
-    mcmc = run(args.checkpoint, args.every, hook)
+    mcmc = run(args.checkpoint, args.every, hook, decaying_step if args.callable_step else 0.02)
     torch.save({"samples": mcmc.get_samples(group_by_chain=True), "stats": mcmc.sample_stats}, args.out)
     sys.exit(0)

@@ -177,7 +177,9 @@ def test_divergence_policies_touch_only_the_failing_chain(policy):
     else:
         assert stats["num_divergences"][0].tolist() == list(range(1, 21))  # retries from x = 0 every step
     chain, step, phase, sites = kernel.divergence_log[0]
-    assert (chain, step, phase) == (0, 0, "sampling") and sites == "non-finite potential energy"
+    assert (chain, step, phase) == (0, 0, "sampling") and sites == (
+        "non-finite potential energy (observed site 'wall': log-density 1 -inf (1 of 1 values))"
+    )  # the site whose log-density is -inf, named
 
 
 def test_raise_names_the_step_chain_and_sites():
@@ -186,7 +188,11 @@ def test_raise_names_the_step_chain_and_sites():
     kernel = SGLD(two_wall_model, step_size=0.1, temperature=0.0, on_divergence="raise")
     mcmc = MCMC(kernel, num_samples=5, warmup_steps=2, num_chains=2, chain_method="vectorized", seed=0,
                 initial_params={"x": torch.zeros(2), "s": torch.tensor([1.0, -1.0])}, disable_progbar=True)  # fmt: skip
-    with pytest.raises(DivergenceError, match=r"non-finite potential energy at step 0 \(warmup\) in chain\(s\) \[1\]"):
+    with pytest.raises(
+        DivergenceError,
+        match=r"non-finite potential energy \(observed site .wall.: log-density 1 -inf.*\) "
+        r"at step 0 \(warmup\) in chain\(s\) \[1\]",
+    ):
         mcmc.run()
 
 

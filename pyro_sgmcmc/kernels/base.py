@@ -266,16 +266,20 @@ class SGMCMCKernel(MCMCKernel):
             return
         sampling = sum(len(d) for d in self._divergences)
         warmup = int(self._num_warmup_divergences.sum())
-        kinds = sorted({record[3].split(" of site")[0].split(" by ")[0] for record in self.divergence_log})
+        kinds = sorted(
+            {record[3].split(" (")[0].split(" of site")[0].split(" by ")[0] for record in self.divergence_log}
+        )
         if sampling:
             consequence = "the draws may not represent the posterior; a longer warmup or a smaller step_size may help"
         else:  # warmup only: the adaptation halved the step of the chains concerned, sampling was clean
             consequence = "none while sampling" + (
                 " (each halved that chain's adapted step size)" if self._adaptation is not None else ""
             )
+        chain, step, _, first = self.divergence_log[0]
         warnings.warn(
             f"{type(self).__name__}: {sampling} divergent step(s) while sampling and {warmup} in warmup "
-            f"({'; '.join(kinds[:3])}): {consequence}. See diagnostics() and divergence_log.",
+            f"({'; '.join(kinds[:3])}; the first, chain {chain} at step {step}: {first}): {consequence}. "
+            "See diagnostics() and divergence_log.",
             DivergenceWarning,
             stacklevel=2,
         )
@@ -445,7 +449,8 @@ class SGMCMCKernel(MCMCKernel):
             position, momentum, thermostat = self._adaptation.transition(
                 self, state, state.grad, step_size, noise, -self._inverse_num_data
             )
-        energy, grad = self._evaluate(position, self.minibatches.next())
+        indices = self.minibatches.next()
+        energy, grad = self._evaluate(position, indices)
         # A sum is finite only if every term is: one reduction (no temporary) and one read settle the usual
         # case. A sum that overflows, or a non-finite term, takes the exact check. In sampling, a jump of
         # the potential past the chain's threshold (kernels/warmup.py) is a divergence too: one more read.
@@ -464,7 +469,7 @@ class SGMCMCKernel(MCMCKernel):
             state = SGMCMCState(position, momentum, thermostat, energy, grad, state.step + 1)
             self._last_diverging = self._no_divergence
         else:  # sets _last_diverging: the chains that diverged at this step (a frozen chain only once)
-            state = self._reject_divergent(state, finite, position, momentum, thermostat, energy, grad)
+            state = self._reject_divergent(state, finite, position, momentum, thermostat, energy, grad, indices)
         self.state = state
         self._last_step_size = step_size
         if self._recycle:
@@ -988,8 +993,11 @@ class SGMCMCKernel(MCMCKernel):
         starts = torch.stack([potential.initial_position() for _ in range(num_superchains)])
         return starts.repeat_interleave(repeats, 0)
 
-    def _reject_divergent(self, state, finite, position, momentum, thermostat, energy, grad) -> SGMCMCState:
-        """Handle the chains whose new point has a non-finite potential or gradient (and frozen chains)."""
+    def _reject_divergent(
+        self, state, finite, position, momentum, thermostat, energy, grad, indices=None
+    ) -> SGMCMCState:
+        """Handle the chains whose new point has a non-finite potential or gradient (and frozen chains).
+        ``indices`` (the step's minibatch) lets the record name the sites whose log-density is not finite."""
         diverging = ~finite
         if self._frozen is not None:
             diverging = diverging & ~self._frozen  # a frozen chain does not diverge again
@@ -997,7 +1005,8 @@ class SGMCMCKernel(MCMCKernel):
         chains = diverging.nonzero().flatten().tolist()
         phase = "warmup" if state.step < self._warmup_steps else "sampling"
         for chain in chains:
-            what = self._nonfinite_sites(energy[chain], grad[chain], position[chain])
+            chain_indices = None if indices is None else {k: v[chain] for k, v in indices.items()}
+            what = self._nonfinite_sites(energy[chain], grad[chain], position[chain], chain_indices)
             if what is None:  # finite: the potential jumped past the chain's threshold (kernels/warmup.py)
                 jump = float(energy[chain] - state.potential[chain])
                 what = f"a jump of the potential by {jump:.4g} (threshold {float(self._jump_threshold[chain]):.4g})"
@@ -1006,10 +1015,16 @@ class SGMCMCKernel(MCMCKernel):
             self.divergence_log.append((chain, state.step, phase, what))
         if chains and self.on_divergence == "raise":
             chain, step, phase, what = self.divergence_log[-len(chains)]
+            data = (
+                "the data at these indices may be outside the distribution's support or not finite (check them); "
+                "if they are valid, "
+                if "data indices" in what
+                else ""
+            )
             raise DivergenceError(
-                f"{type(self).__name__}: {what} at step {step} ({phase}) in chain(s) {chains}; reduce step_size "
-                "(or leave adapt_step_size=True), or pass on_divergence='restart' or 'freeze' to record it and "
-                "continue"
+                f"{type(self).__name__}: {what} at step {step} ({phase}) in chain(s) {chains}; {data}reduce "
+                "step_size (or leave adapt_step_size=True), or pass on_divergence='restart' or 'freeze' to record "
+                "it and continue"
             )
         if state.step >= self._warmup_steps:
             for chain in chains:
@@ -1038,12 +1053,18 @@ class SGMCMCKernel(MCMCKernel):
             state.step + 1,
         )
 
-    def _nonfinite_sites(self, energy: torch.Tensor, grad: torch.Tensor, position: torch.Tensor) -> Optional[str]:
-        """Name what is not finite: 'potential energy' and/or the sites with non-finite position or gradient
-        (``None`` if everything is finite)."""
+    def _nonfinite_sites(
+        self, energy: torch.Tensor, grad: torch.Tensor, position: torch.Tensor, indices=None
+    ) -> Optional[str]:
+        """Name what is not finite: 'potential energy' (with the sites whose log-density is not finite, when
+        the position is finite and the minibatch ``indices`` are known) and/or the sites with non-finite
+        position or gradient (``None`` if everything is finite)."""
         parts = []
         if not bool(torch.isfinite(energy)):
-            parts.append("potential energy")
+            culprits = []
+            if indices is not None and bool(torch.isfinite(position).all()):
+                culprits = self.potential.nonfinite_log_densities(position, indices)
+            parts.append("potential energy" + (f" ({'; '.join(culprits)})" if culprits else ""))
         for site in self.potential.sites:
             bad = []
             if not bool(torch.isfinite(position[site.slice]).all()):

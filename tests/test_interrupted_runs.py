@@ -1,0 +1,119 @@
+"""A run stopped by KeyboardInterrupt or any exception: its draws so far, marked partial, or a clear error.
+
+The oracle is an uninterrupted run with the same seed: a run stopped after ``n`` kept draws must
+give exactly (bit for bit) its first ``n`` draws and statistics, with a :class:`PartialRunWarning`
+from every reader, and ``partial`` saying where it stopped and how to resume.
+"""
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyro_sgmcmc import MCMC, SGLD, PartialRunWarning, RunNotFinished, to_inference_data
+
+from . import reliability_script as script
+
+WARMUP, SAMPLES = script.SETTINGS["warmup_steps"], script.SETTINGS["num_samples"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return script.run()
+
+
+def _interrupted(step, error=KeyboardInterrupt, checkpoint=None, every=None):
+    """The MCMC object of the reliability script's run, stopped by ``error`` in the hook of step ``step``."""
+    import pyro
+
+    def hook(kernel, params, stage, t):
+        if t == step:
+            raise error("stopped by the test")
+
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), checkpoint_path=checkpoint, checkpoint_every=every,
+                hook_fn=hook, disable_progbar=True, **script.SETTINGS)  # fmt: skip
+    with pytest.raises(error):
+        mcmc.run(*script.data())
+    return mcmc
+
+
+@pytest.fixture(scope="module")
+def sgld_reference():
+    import pyro
+
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), disable_progbar=True, **script.SETTINGS)
+    mcmc.run(*script.data())
+    return mcmc
+
+
+@settings(max_examples=8, deadline=None)
+@given(step=st.integers(WARMUP, WARMUP + SAMPLES - 2), error=st.sampled_from([KeyboardInterrupt, RuntimeError]))
+def test_a_run_stopped_while_sampling_gives_its_draws_so_far_marked_partial(sgld_reference, step, error):
+    mcmc = _interrupted(step, error)
+    kept = step + 1 - WARMUP  # the draw of step `step` is kept before the hook runs
+    assert mcmc.partial is not None
+    assert (mcmc.partial.steps_done, mcmc.partial.num_draws) == (step + 1, kept)
+    assert error.__name__ in mcmc.partial.error
+    with pytest.warns(PartialRunWarning, match=f"stopped at step {step + 1} of {WARMUP + SAMPLES}"):
+        samples = mcmc.get_samples(group_by_chain=True)
+    expected = sgld_reference.get_samples(group_by_chain=True)
+    for name, draws in samples.items():
+        assert draws.shape[1] == kept
+        assert torch.equal(draws, expected[name][:, :kept]), name  # the same stream: bit for bit
+    for name, stat in mcmc.sample_stats.items():
+        assert torch.equal(stat, sgld_reference.sample_stats[name][:, :kept]), name
+
+
+def test_every_reader_of_a_partial_run_warns_and_says_how_to_resume(tmp_path, capsys):
+    path = tmp_path / "run.ckpt"
+    mcmc = _interrupted(WARMUP + 20, checkpoint=path, every=10)
+    for reader in (mcmc.get_samples, mcmc.diagnostics, mcmc.summary):
+        with pytest.warns(PartialRunWarning, match="checkpoint_path=.*resume"):
+            reader()
+    assert "PARTIAL RUN" in capsys.readouterr().out  # the summary table says so too
+    with pytest.warns(PartialRunWarning):
+        idata = to_inference_data(mcmc)
+    assert idata.posterior.sizes["draw"] == 21
+    assert "stopped at step" in idata.posterior.attrs["partial_run"]
+    assert "stopped at step" in idata.sample_stats.attrs["partial_run"]
+
+
+def test_a_run_stopped_in_warmup_has_no_draws_and_says_so(tmp_path):
+    mcmc = _interrupted(5, checkpoint=tmp_path / "run.ckpt", every=2)
+    for reader in (mcmc.get_samples, mcmc.diagnostics, mcmc.summary):
+        with pytest.raises(RunNotFinished, match="stopped at step 6 of 100 .*0 of 60 draws.*checkpoint_path"):
+            reader()
+    with pytest.raises(ValueError, match="none were kept: the run stopped at step 6"):
+        to_inference_data(mcmc)
+
+
+def test_a_run_never_started_or_failed_in_set_up_is_a_clear_error():
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), disable_progbar=True, **script.SETTINGS)
+    with pytest.raises(RunNotFinished, match=r"call run\(...\) first"):
+        mcmc.get_samples()
+    with pytest.raises(Exception):
+        mcmc.run("not data", None)  # the model fails while traced at set-up
+    assert mcmc.partial is not None and mcmc.partial.steps_done == 0
+    with pytest.raises(RunNotFinished, match="stopped at step 0 of 100"):
+        mcmc.summary()
+
+
+def test_a_complete_run_is_not_partial_and_does_not_warn(sgld_reference):
+    assert sgld_reference.partial is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PartialRunWarning)
+        sgld_reference.get_samples()
+
+
+def test_resuming_a_partial_run_from_its_checkpoint_completes_it(sgld_reference, tmp_path):
+    path = tmp_path / "run.ckpt"
+    mcmc = _interrupted(WARMUP + 25, checkpoint=path, every=10)
+    mcmc.hook_fn = None
+    mcmc.run(*script.data())  # the same object, run again: resumes from step WARMUP + 20
+    assert mcmc.partial is None
+    for name, draws in sgld_reference.get_samples(group_by_chain=True).items():
+        assert torch.equal(draws, mcmc.get_samples(group_by_chain=True)[name]), name
