@@ -300,9 +300,19 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> dict:
+    """Run the benchmark; one torch thread and Pyro's validation off while it runs, restored after (a test
+    calls this in the test process)."""
     args = parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    pyro.enable_validation(False)
+    try:
+        with pyro.validation_enabled(False):
+            return run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run(args) -> dict:
     data = load_data(args.seed, args.tiny)
     net = Mlp(args.hidden, args.batch_size)
     guide, map_time = fit_map(net, data, args.map_steps, args.seed)
