@@ -163,6 +163,7 @@ class MassMatrixAdaptation:
         self.draw_sum: Optional[torch.Tensor] = None  # (C, D)
         self.draw_outer: Optional[torch.Tensor] = None  # (C, D, D), or (C, D) squares without a dense metric
         self.grad_outer: Optional[torch.Tensor] = None  # the same of the minibatch gradients
+        self.grad_sum: Optional[torch.Tensor] = None  # (C, D)
         self.thermostat = bool(thermostat)
         self.full_mass = bool(full_mass)
         self.adapt_step_size = bool(adapt_step_size)
@@ -197,6 +198,7 @@ class MassMatrixAdaptation:
             "draw_sum": cpu(self.draw_sum),
             "draw_outer": cpu(self.draw_outer),
             "grad_outer": cpu(self.grad_outer),
+            "grad_sum": cpu(self.grad_sum),
         }
 
     def load_state_dict(self, saved: dict, device: torch.device) -> None:
@@ -217,6 +219,7 @@ class MassMatrixAdaptation:
         self.draw_sum = dev(saved["draw_sum"])
         self.draw_outer = dev(saved["draw_outer"])
         self.grad_outer = dev(saved["grad_outer"])
+        self.grad_sum = dev(saved["grad_sum"])
 
     # ------------------------------------------------------------------ hot path
     def transition(self, kernel, state, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0):
@@ -281,13 +284,14 @@ class MassMatrixAdaptation:
         grad_outer = torch.einsum("ci,cj->cij", grad, grad) if dense else grad * grad
         if self.draw_sum is None:
             self.draw_sum, self.draw_outer, self.grad_outer = position.clone(), outer, grad_outer
+            self.grad_sum = grad.clone()
         else:
             self.draw_sum, self.draw_outer = self.draw_sum + position, self.draw_outer + outer
-            self.grad_outer = self.grad_outer + grad_outer
+            self.grad_outer, self.grad_sum = self.grad_outer + grad_outer, self.grad_sum + grad
         self.draw_count += 1
 
     def _gradient_curvature(self, kernel) -> Optional[torch.Tensor]:
-        """The curvature seen by the gradients, :math:`(E[\\hat g \\hat g^\\top] - \\mathrm{Cov}(\\hat g)) / (N T)`,
+        """The curvature seen by the gradients, :math:`(\\mathrm{Cov}_t[\\hat g] - \\mathrm{Cov}(\\hat g)) / (N T)`,
         over the slow-phase draws: under the (tempered) posterior :math:`E_\\pi[\\nabla U \\nabla U^\\top] =
         T\\, E_\\pi[\\nabla^2 U]` (integration by parts), and the minibatch noise covariance is subtracted. Unlike
         the Hessian it is not zero in a linear tail (``-log tau`` as ``tau -> 0``: gradient 1, curvature 0)."""
@@ -297,7 +301,9 @@ class MassMatrixAdaptation:
         noise = self.noise_sum / self.noise_count * num_data**2  # Cov of grad U from Cov of grad U / N
         if noise.dim() != self.grad_outer.dim():
             noise = noise.diagonal(dim1=-2, dim2=-1) if noise.dim() == 3 else torch.diag_embed(noise)
-        return (self.grad_outer / self.draw_count - noise) / (num_data * self.temperature)
+        mean = self.grad_sum / self.draw_count
+        mean_outer = torch.einsum("ci,cj->cij", mean, mean) if self.grad_outer.dim() == 3 else mean * mean
+        return (self.grad_outer / self.draw_count - mean_outer - noise) / (num_data * self.temperature)
 
     def _draw_covariance(self, kernel) -> Optional[torch.Tensor]:
         """Covariance of the slow-phase draws in normalised units (``N / T`` times), ``(C, D, D)`` or ``(C, D)``."""
