@@ -63,28 +63,28 @@ run). The runs therefore pass ``save_params=[]`` (MCMC stores nothing) and a ``h
 
 Results
 -------
-The default run (``--seed 0``, measured 2026-11-26; the same with and without the staged search) prints::
+The default run (``--seed 0``, measured 2026-11-26 at commit ``de56536``) prints::
 
     test set (450 images)                       accuracy     NLL
       MAP / SGD (T=0)                                 0.9800   0.0920
-      posterior predictive, T=1 (250 draws)           0.9622   0.1264
-        single draw, T=1 (average)                    0.9395   0.2150
-      posterior predictive, T=0.1 (250 draws)         0.9756   0.1010
-        single draw, T=0.1 (average)                  0.9723   0.1074
+      posterior predictive, T=1 (250 draws)           0.9600   0.1285
+        single draw, T=1 (average)                    0.9438   0.1916
+      posterior predictive, T=0.1 (250 draws)         0.9733   0.0972
+        single draw, T=0.1 (average)                  0.9719   0.1052
 
 and, before the table, a ``SlowMixingWarning`` for each posterior run: the adapted step sizes are
-small (1.4e-3 at T = 1, 3.5e-4 at T = 0.1), because with ``B = 100`` of 1,347 images the minibatch
+small (4.8e-4 at T = 1, 3.5e-4 at T = 0.1), because with ``B = 100`` of 1,347 images the minibatch
 gradient noise is large and the warmup caps the step where that noise would inflate the sampled
-variance by more than 10 %; a chain then needs about 1,400 (T = 1) and 5,800 (T = 0.1) steps to
+variance by more than 10 %; a chain then needs about 4,200 (T = 1) and 5,700 (T = 0.1) steps to
 forget its state, more than a fifth of the adaptation window. The warning is the package telling
-you that the draws are valid but autocorrelated; 25,000 steps are about 18 and 4 of those times.
+you that the draws are valid but autocorrelated; 25,000 steps are about 6 and 4 of those times.
 (A control variate does not help a network, whose posterior has many modes; a larger
 ``--batch-size`` does, at a proportional cost per step.) One warmup step of the T = 1 run was a
 divergence (a jump of the potential), which halved that chain's step; none while sampling.
 
 With the fixed step (``--step-size 0.2``, nothing adapted) the same seed gave T = 1: 0.9756 / 0.1283
 (single draws 0.9334 / 0.2291) and T = 0.1: 0.9822 / 0.0857 (single draws 0.9717 / 0.0966). That
-step is 140 times the adapted one, far past the step at which the warmup's noise estimate says the
+step is 400-600 times the adapted ones, far past the step at which the warmup's noise estimate says the
 minibatch noise starts to widen the sampled distribution, so those draws come from a noisier
 distribution than the (tempered) posterior. Which of the two predictive tables scores better on test
 data is a property of this model and prior, not evidence for either setting.
@@ -97,9 +97,9 @@ With ``B=400`` instead of 100 at the fixed step 0.2, the T = 1 predictive was es
 prior is a choice, not a recommendation; a prior scaled to the layer width (``--prior-scale``) is a
 natural next try.
 
-Cost (measured 2026-11-26, one torch thread): 70,000 steps in all, 0.5 ms of CPU per step for the MAP
-run and 0.56-0.64 ms for the posterior runs (warmup included); 43 s of CPU, 2 min 15 s wall on the 2-core
-machine with three other jobs running. (Before the automatic control variate's search was staged, its
+Cost (measured 2026-11-26, one torch thread): 70,000 steps in all, 0.47 ms of CPU per step for the MAP
+run and 0.48-0.56 ms for the posterior runs (warmup included); 36 s of CPU, about 1 min wall on the
+2-core machine with one other job running. (Before the automatic control variate's search was staged, its
 L-BFGS search for the network's MAP cost about 29 s per posterior run before being rejected.)
 
 Results are written as JSON to ``--out`` (default ``bnn_digits_results.json``).
