@@ -23,7 +23,7 @@ pseudo-random (computed); the streams of the two differ.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -146,7 +146,3 @@ class MinibatchSampler:
         for name in self.cursors:
             self.cursors[name] = int(state["cursors"][name])
             self.epochs[name] = int(state.get("epochs", {}).get(name, 0))
-
-    @property
-    def plate_names(self) -> List[str]:
-        return [p.name for p in self.plates]

@@ -343,6 +343,8 @@ class ModelPotential:
                     grad = torch.zeros_like(positions)
                 return potential.detach().to(positions.dtype), grad
             except RuntimeError as error:  # e.g. .item() or data-dependent control flow in the model
+                if _out_of_memory(error):  # not a property of the model: never a reason to give up vmap
+                    raise
                 self._vectorizable = False
                 warnings.warn(
                     f"the model cannot run under torch.func.vmap ({str(error).splitlines()[0]}); "
@@ -374,7 +376,9 @@ class ModelPotential:
         try:
             with pyro.validation_enabled(False), torch.enable_grad():
                 grad, potential = self._summed_fn(position.detach(), dict(indices))
-        except RuntimeError:  # e.g. data-dependent control flow: the caller falls back to copies of z
+        except RuntimeError as error:  # e.g. data-dependent control flow: the caller falls back to copies of z
+            if _out_of_memory(error):
+                raise
             self._summable = False
             return None
         return potential.detach().to(position.dtype), grad.detach()
@@ -1320,3 +1324,9 @@ def _check_num_data(num_data) -> int:
     if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
         raise ValueError(f"num_data must be a positive integer (the number of data N); got {num_data!r}")
     return num_data
+
+
+def _out_of_memory(error: RuntimeError) -> bool:
+    """An allocation failure (CUDA's ``OutOfMemoryError``, or the CPU allocator's ``RuntimeError``): it says
+    nothing about whether the model can run vectorised, so it must reach the user, not switch vmap off."""
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)

@@ -536,3 +536,34 @@ def test_auto_waits_for_a_finite_point_before_compiling():
         assert not torch.isfinite(energy) and not potential.compiled and potential.jit_failure is None
         potential.potential_and_grad(torch.zeros(2), indices)
     assert potential.compiled
+
+
+@pytest.mark.parametrize(
+    "error", [torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("DefaultCPUAllocator: can't allocate memory")]
+)
+def test_out_of_memory_reaches_the_user_and_keeps_vmap(error, monkeypatch):
+    """Running out of memory says nothing about whether the model can run under vmap: it is raised, and
+    the vectorised path stays on (a model that cannot run under vmap still falls back, with a warning)."""
+
+    def model():
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", 10, subsample_size=5):
+            pyro.sample("y", dist.Normal(w, 1.0), obs=torch.zeros(5))
+
+    potential = ModelPotential(model)
+    positions = torch.zeros(3, 1)
+    indices = {"data": torch.arange(5).expand(3, 5)}
+    potential.batched_potential_and_grad(positions, indices)  # builds the vectorised function
+
+    def out_of_memory(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(potential, "_batched_fn", out_of_memory)
+    with pytest.raises(type(error)):
+        potential.batched_potential_and_grad(positions, indices)
+    with pytest.raises(type(error)):  # still tried vectorised (no silent switch to one chain at a time)
+        potential.batched_potential_and_grad(positions, indices)
+    monkeypatch.setattr(potential, "_summed_fn", out_of_memory)
+    monkeypatch.setattr(potential, "_summable", True)
+    with pytest.raises(type(error)):
+        potential.summed_potential_and_grad(positions[0], indices)

@@ -318,10 +318,6 @@ def _combinations(potential) -> Iterator[Tuple[Dict[str, torch.Tensor], Dict[str
         yield indices, flags
 
 
-def _num_combinations(potential) -> int:
-    return math.prod(len(_chunks(p.size, p.subsample_size, "cpu")) for p in potential.subsample_plates)
-
-
 def _overlap_mask(site, shape: torch.Size, flags) -> torch.Tensor:
     """1 for the elements of ``shape`` (the site's batch shape) counted in this chunk combination."""
     mask = torch.ones(shape)

@@ -550,18 +550,3 @@ def _largest_curvature(kernel, position: torch.Tensor, adaptation: MassMatrixAda
         ok = torch.isfinite(norm) & (norm > 0)
         v = torch.where(ok, hv / norm.clamp_min(torch.finfo(norm.dtype).tiny), v)
     return torch.where(torch.isfinite(lam), lam, torch.zeros_like(lam))
-
-
-def _cholesky(matrix: torch.Tensor) -> torch.Tensor:
-    """Cholesky factor of a batch of symmetric PSD matrices, with growing jitter if needed."""
-    factor, info = torch.linalg.cholesky_ex(matrix)
-    if not bool((info > 0).any()):
-        return factor
-    diag = torch.diagonal(matrix, dim1=-2, dim2=-1)
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    for jitter in (1e-10, 1e-8, 1e-6, 1e-4, 1e-2):
-        shifted = matrix + jitter * diag.abs().amax(-1, keepdim=True).unsqueeze(-1) * eye
-        factor, info = torch.linalg.cholesky_ex(shifted)
-        if not bool((info > 0).any()):
-            return factor
-    return torch.diag_embed(diag.clamp_min(torch.finfo(matrix.dtype).tiny).sqrt())
