@@ -31,7 +31,7 @@ import hashlib
 import io
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
@@ -240,15 +240,9 @@ def read_chunk(
     """
     if not isinstance(entry, dict) or not all(k in entry for k in ("file", "start", "stop", "sha256")):
         raise CheckpointMismatch(f"checkpoint {path}: a draw-chunk record is malformed ({entry!r})")
-    file = chunk_directory(path) / Path(str(entry["file"])).name
-    if not file.is_file():
-        raise CheckpointMismatch(f"checkpoint {path}: the draw chunk {file} is missing")
-    data = file.read_bytes()
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointMismatch(
-            f"checkpoint {path}: the draw chunk {file} (draws {entry['start']}-{entry['stop']}) does not match "
-            "its checksum: it was damaged or altered"
-        )
+    file, data = _read_verified(
+        path, entry, lambda file: f"the draw chunk {file}", f" (draws {entry['start']}-{entry['stop']})"
+    )
     chunk = _load(data, f"the draw chunk {file}")
     if not isinstance(chunk, dict) or not isinstance(chunk.get("positions"), torch.Tensor):
         raise CheckpointMismatch(f"checkpoint {path}: the draw chunk {file} does not hold draws")
@@ -290,19 +284,25 @@ def write_blob(
     return {"file": name, "sha256": digest}
 
 
+def _read_verified(path, entry: dict, describe: Callable[[Path], str], detail: str = "") -> Tuple[Path, bytes]:
+    """The bytes of the file ``entry`` names in the checkpoint's directory, checked against its SHA-256;
+    :class:`CheckpointMismatch` (``describe(file)`` naming it) when it is missing or altered."""
+    file = chunk_directory(path) / Path(str(entry["file"])).name
+    if not file.is_file():
+        raise CheckpointMismatch(f"checkpoint {path}: {describe(file)} is missing")
+    data = file.read_bytes()
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointMismatch(
+            f"checkpoint {path}: {describe(file)}{detail} does not match its checksum: it was damaged or altered"
+        )
+    return file, data
+
+
 def read_blob(path: Union[str, os.PathLike], entry: Any, record: str) -> torch.Tensor:
     """Read and verify a tensor written by :func:`write_blob` (:class:`CheckpointMismatch` naming it otherwise)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or "sha256" not in entry:
         raise CheckpointMismatch(f"checkpoint {path}: the record {record!r} is malformed ({entry!r})")
-    file = chunk_directory(path) / Path(entry["file"]).name
-    if not file.is_file():
-        raise CheckpointMismatch(f"checkpoint {path}: the file {file} of record {record!r} is missing")
-    data = file.read_bytes()
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointMismatch(
-            f"checkpoint {path}: the file {file} of record {record!r} does not match its checksum: it was damaged "
-            "or altered"
-        )
+    file, data = _read_verified(path, entry, lambda file: f"the file {file} of record {record!r}")
     tensor = _load(data, f"the file {file} of record {record!r}")
     if not isinstance(tensor, torch.Tensor):
         raise CheckpointMismatch(f"checkpoint {path}: the file {file} of record {record!r} does not hold a tensor")
