@@ -77,8 +77,8 @@ import torch
 
 import pyro_sgmcmc
 from pyro_sgmcmc import MCMC, SGHMC
-from pyro_sgmcmc.potential import JitMode
-from pyro_sgmcmc.random import chain_seed
+from pyro_sgmcmc.chains.streams import chain_seed
+from pyro_sgmcmc.model.potential import JitMode
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # tensordict's notices on import of posteriors
 

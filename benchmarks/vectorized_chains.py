@@ -88,9 +88,9 @@ import pyro.infer
 import torch
 
 from pyro_sgmcmc import MCMC, SGHMC, retain_freed_cpu_memory
+from pyro_sgmcmc.chains.streams import chain_seed
 from pyro_sgmcmc.kernels.diffusions import underdamped_step
-from pyro_sgmcmc.potential import JitMode
-from pyro_sgmcmc.random import chain_seed
+from pyro_sgmcmc.model.potential import JitMode
 
 HIDDEN = 40
 BATCH = 128
@@ -554,7 +554,7 @@ def profile_python(x, y, init: torch.Tensor, seed: int, num_steps: int) -> dict:
     # Cumulative time (operators included) of the functions the question is about.
     wanted = {
         ("base.py", "step"): "SGMCMCKernel.step (everything)",
-        ("random.py", "fill_normal"): "ChainGenerators.fill_normal (per-chain noise loop)",
+        ("streams.py", "fill_normal"): "ChainGenerators.fill_normal (per-chain noise loop)",
         ("minibatch.py", "next"): "MinibatchSampler.next (indices + epoch permutations)",
         ("diffusions.py", "underdamped_step"): "underdamped_step (SGHMC update)",
         ("potential.py", "batched_potential_and_grad"): "batched_potential_and_grad (model, vmap, autograd)",

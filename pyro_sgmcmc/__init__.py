@@ -21,7 +21,7 @@ from .kernels import (
     SlowMixingWarning,
 )
 from .mcmc import MCMC, PartialRun, PartialRunWarning, RunNotFinished
-from .potential import ModelError, ModelPotential
+from .model.potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
 from .uncertainty import UncertaintyDecomposition, decompose_uncertainty
 

@@ -50,10 +50,10 @@ import torch.distributed as dist
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 
+from .chains.minibatch import MinibatchSampler
+from .chains.streams import ChainGenerators
 from .mcmc import MCMC
-from .minibatch import MinibatchSampler
-from .potential import ModelError, ModelPotential
-from .random import ChainGenerators
+from .model.potential import ModelError, ModelPotential
 
 __all__ = [
     "init_distributed",

@@ -80,7 +80,7 @@ def test_masked_non_finite_observations_are_accepted():
 
 def test_the_data_check_runs_once_at_set_up_not_per_step(monkeypatch):
     """The check is one isfinite pass over each argument, at set-up: counted, it runs once per run."""
-    import pyro_sgmcmc.potential as potential
+    import pyro_sgmcmc.model.potential as potential
 
     calls = []
     original = potential._nonfinite_arguments

@@ -75,7 +75,7 @@ def test_resume_inside_the_warmup_is_bit_identical(tmp_path, every, stop, phase)
 def test_resume_with_computed_permutations_is_bit_identical(tmp_path, monkeypatch):
     """The same with the minibatch permutations computed on the fly (as for data too large for a table):
     their keys and cursors are checkpointed, so the resumed run draws the same minibatches."""
-    monkeypatch.setattr("pyro_sgmcmc.minibatch.TABLE_LIMIT", 0)
+    monkeypatch.setattr("pyro_sgmcmc.chains.minibatch.TABLE_LIMIT", 0)
     reference = script.run()
     path = tmp_path / "run.ckpt"
 

@@ -28,10 +28,10 @@ from pyro.infer import MCMC as PyroMCMC
 from torch.distributions import constraints
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT, DivergenceWarning, ModelPotential, to_inference_data
+from pyro_sgmcmc.chains.minibatch import MinibatchSampler
+from pyro_sgmcmc.chains.streams import ChainGenerators
 from pyro_sgmcmc.kernels import diffusions
 from pyro_sgmcmc.kernels.base import SGMCMCKernel
-from pyro_sgmcmc.minibatch import MinibatchSampler
-from pyro_sgmcmc.random import ChainGenerators
 
 TIME_LIMIT = 60
 

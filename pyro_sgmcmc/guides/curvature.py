@@ -54,7 +54,7 @@ from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDi
 from pyro.poutine.subsample_messenger import SubsampleMessenger, _Subsample
 from torch.distributions import Independent
 
-from ..potential import SubsamplePlate
+from ..model.potential import SubsamplePlate
 
 __all__ = [
     "Curvature",

@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import torch
 
-from ..potential import ModelPotential
+from ..model.potential import ModelPotential
 from ._checks import check_positive_int
 
 __all__ = ["fit_map"]

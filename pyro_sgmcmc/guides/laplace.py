@@ -28,7 +28,7 @@ from pyro.infer.autoguide import AutoContinuous, AutoLaplaceApproximation
 from pyro.infer.autoguide.initialization import init_to_median
 from torch.distributions import biject_to
 
-from ..potential import ModelPotential
+from ..model.potential import ModelPotential
 from ._checks import check_bool, check_callable, check_positive_int, check_precision
 from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_terms
 from .evidence import GaussianNoise, gaussian_noise

@@ -37,7 +37,7 @@ from torch import nn
 from torch.distributions import biject_to
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
 
-from ..potential import ModelPotential
+from ..model.potential import ModelPotential
 from ._checks import check_bool, check_callable, check_positive_int
 
 __all__ = ["AutoDiagVI", "TemperedELBO"]

@@ -12,8 +12,8 @@ Chains. The state always carries a leading chain axis: ``position`` is ``(num_ch
 Under :class:`pyro.infer.MCMC` a kernel runs one chain at a time (``num_chains = 1``, Pyro's
 ``setup``/``sample`` protocol); :class:`pyro_sgmcmc.MCMC` with ``chain_method="vectorized"`` calls
 :meth:`SGMCMCKernel.setup_chains` and :meth:`SGMCMCKernel.step` to advance all chains together,
-each with its own noise and minibatches (:class:`~pyro_sgmcmc.random.ChainGenerators`,
-:class:`~pyro_sgmcmc.minibatch.MinibatchSampler`).
+each with its own noise and minibatches (:class:`~pyro_sgmcmc.chains.streams.ChainGenerators`,
+:class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler`).
 
 Step order. Set-up evaluates the potential :math:`U` and its gradient at the initial point. Each
 step then (1) draws the injected noise, (2) moves with the gradient cached from the previous
@@ -40,9 +40,9 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ..minibatch import MinibatchSampler
-from ..potential import JitMode, ModelPotential, check_jit_compile
-from ..random import ChainGenerators
+from ..chains.minibatch import MinibatchSampler
+from ..chains.streams import ChainGenerators
+from ..model.potential import JitMode, ModelPotential, check_jit_compile
 from ..schedules import Constant, Schedule, as_schedule
 from .control_variates import ControlVariate
 from .preconditioning import DENSE_MAX_DIM, MassMatrixAdaptation

@@ -29,7 +29,7 @@ from typing import Dict, Mapping, Tuple, Union
 
 import torch
 
-from ..potential import ModelPotential
+from ..model.potential import ModelPotential
 
 __all__ = ["ControlVariate", "full_data_potential_and_grad"]
 

@@ -7,7 +7,7 @@ from typing import Callable, Dict, Optional, Union
 import torch
 from pyro.infer.autoguide.initialization import init_to_uniform
 
-from ..potential import JitMode
+from ..model.potential import JitMode
 from ..schedules import Schedule
 from .base import SGMCMCKernel, SGMCMCState
 from .diffusions import langevin_step

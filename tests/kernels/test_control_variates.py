@@ -20,7 +20,7 @@ from pyro.ops.stats import effective_sample_size
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT
 from pyro_sgmcmc.kernels.control_variates import full_data_potential_and_grad
-from pyro_sgmcmc.potential import ModelPotential
+from pyro_sgmcmc.model.potential import ModelPotential
 
 D = 3
 

@@ -5,7 +5,7 @@ import pyro.distributions as dist
 import torch
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD
-from pyro_sgmcmc.random import ChainGenerators
+from pyro_sgmcmc.chains.streams import ChainGenerators
 
 
 def _model(y):

@@ -19,7 +19,7 @@ from pyro.infer.autoguide.initialization import init_to_value
 from pyro.ops.stats import effective_sample_size
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT
-from pyro_sgmcmc.random import ChainGenerators
+from pyro_sgmcmc.chains.streams import ChainGenerators
 
 from ..posteriordb_plain import POSTERIORDB, build, least_squares_init, reference
 

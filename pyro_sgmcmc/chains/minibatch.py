@@ -11,7 +11,7 @@ Two ways to hold the permutations, chosen per plate at set-up:
 
 * a **table** (``torch.randperm`` per chain and epoch) while ``num_chains * N`` is at most
   :data:`TABLE_LIMIT` indices (256 MB): a step reads a slice of it;
-* **computed** permutations (:class:`~pyro_sgmcmc.permutation.KeyedPermutation`) above that: each
+* **computed** permutations (:class:`~pyro_sgmcmc.chains.permutation.KeyedPermutation`) above that: each
   chain keeps a few random keys per epoch and a cursor, and a step evaluates the keyed bijection at
   about ``2B`` positions, so memory and set-up stay ``O(num_chains)`` instead of
   ``O(num_chains N)`` (at ``N = 10^7`` a table for 32 chains is 2.6 GB and 9 s of ``randperm``).
@@ -27,9 +27,9 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
+from ..model.potential import SubsamplePlate
 from .permutation import NUM_ROUNDS, KeyedPermutation
-from .potential import SubsamplePlate
-from .random import ChainGenerators
+from .streams import ChainGenerators
 
 __all__ = ["MinibatchSampler", "TABLE_LIMIT"]
 

@@ -1,4 +1,4 @@
-"""Computed permutations (``pyro_sgmcmc.permutation``) and the minibatch sampler that uses them.
+"""Computed permutations (``pyro_sgmcmc.chains.permutation``) and the minibatch sampler that uses them.
 
 Exactness: a keyed bijection of ``range(2^m)`` read with the values ``>= n`` skipped must give every
 ``i < n`` exactly once. Randomness: over many random keys, the position of a datum, the inclusion of
@@ -15,10 +15,10 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from pyro_sgmcmc.minibatch import MinibatchSampler
-from pyro_sgmcmc.permutation import NUM_ROUNDS, KeyedPermutation
-from pyro_sgmcmc.potential import SubsamplePlate
-from pyro_sgmcmc.random import ChainGenerators
+from pyro_sgmcmc.chains.minibatch import MinibatchSampler
+from pyro_sgmcmc.chains.permutation import NUM_ROUNDS, KeyedPermutation
+from pyro_sgmcmc.chains.streams import ChainGenerators
+from pyro_sgmcmc.model.potential import SubsamplePlate
 
 
 def _keys(rows: int, seed: int = 0) -> torch.Tensor:

@@ -163,7 +163,7 @@ def test_fast_normal_priors_equal_pyro_log_prob():
     """The latent sites' Normal priors are evaluated in a cheaper form (_StandardNormalForm); it must
     give Pyro's value and gradient (to float32 round-off) for constant zero/unit parameters, constant
     other parameters, and parameters that depend on other latents (batched under vmap)."""
-    from pyro_sgmcmc.potential import _StandardNormalForm
+    from pyro_sgmcmc.model.potential import _StandardNormalForm
 
     torch.manual_seed(0)
     x = torch.randn(200, 3)
@@ -337,7 +337,7 @@ def test_standard_priors_summed_in_one_product_equal_pyro_log_prob():
     for: all sites standard with one sigma, mixed sigmas next to a constrained site, a prior whose constant
     changes between calls (then evaluated the ordinary way, so the value follows the model), a prior under
     poutine.scale (not deferred: its scale must apply), and vmapped chains."""
-    from pyro_sgmcmc.potential import _StandardPriors
+    from pyro_sgmcmc.model.potential import _StandardPriors
 
     torch.manual_seed(0)
     x = torch.randn(100, 3)
@@ -447,7 +447,7 @@ def test_initial_position_does_not_draw_a_full_permutation(monkeypatch):
 
 
 def test_constant_scalar_finds_the_one_value_of_a_broadcast_constant_without_reading_it():
-    from pyro_sgmcmc.potential import _constant_scalar
+    from pyro_sgmcmc.model.potential import _constant_scalar
 
     expanded = dist.Normal(0.5, 2.0).expand([3, 4]).scale  # a view of the 0-d tensor made from 2.0
     assert expanded._base is not None and _constant_scalar(expanded) is expanded._base
@@ -508,7 +508,7 @@ def test_standard_priors_checked_after_the_run_fall_back_when_the_model_changes_
 def test_standard_priors_one_tensor_comparison_off_the_cpu():
     """Constants off the CPU are compared in one tensor operation (one device sync per call): exercised on
     the CPU by marking the expected constants as living on a (CPU) device object."""
-    from pyro_sgmcmc.potential import _StandardPriors
+    from pyro_sgmcmc.model.potential import _StandardPriors
 
     def model():
         pyro.sample("a", dist.Normal(0.0, 1.0))

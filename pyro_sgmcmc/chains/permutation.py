@@ -14,7 +14,7 @@ Construction: an alternating (unbalanced) Feistel network (Luby and Rackoff 1988
 is its own inverse, so any round function ``F`` gives a bijection. ``F`` hashes the other half and the
 round key with xorshift-multiply steps modulo :math:`2^{31}` (the shape of MurmurHash3's finaliser) and
 keeps the top bits; every product stays below :math:`2^{62}`, inside int64. The statistical tests in
-``tests/test_permutation.py`` check that the positions, pairs and inclusion counts are uniform.
+``tests/chains/test_permutation.py`` check that the positions, pairs and inclusion counts are uniform.
 """
 
 from __future__ import annotations
