@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import math
 import os
 import platform
 import resource
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -284,7 +286,8 @@ def package_fingerprint() -> dict:
         commit = (ROOT / ".git" / head[5:]).read_text().strip() if head.startswith("ref: ") else head
     except OSError:  # a worktree (.git is a file) or no checkout
         pass
-    return {"git_commit": commit, "sources_sha256": digest.hexdigest(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    measured_at = time.strftime("%Y-%m-%d %H:%M:%S")
+    return {"git_commit": commit, "sources_sha256": digest.hexdigest(), "measured_at": measured_at}
 
 
 def rss_bytes() -> int:
@@ -294,6 +297,15 @@ def rss_bytes() -> int:
 
 
 # ------------------------------------------------------------------------------------------ results
+def companion(name: str, package: Optional[str]):
+    """The module ``benchmarks/<name>.py``, whether the caller runs as a script (``package`` empty: the folder
+    is on ``sys.path``; a script asking for itself gets ``__main__``) or was imported from ``package``."""
+    main = sys.modules.get("__main__")
+    if not package and main is not None and Path(getattr(main, "__file__", "") or "").stem == name:
+        return main
+    return importlib.import_module(f"{package}.{name}" if package else name)
+
+
 def parser(doc: str, out: Optional[Path], tiny: Optional[str] = "smallest sizes: a smoke test only"):
     """An ``argparse`` parser described by the first line of ``doc``, with ``--out`` (default ``out``) and,
     unless ``tiny`` is None, ``--tiny`` (help ``tiny``)."""
