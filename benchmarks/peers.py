@@ -58,149 +58,44 @@ Writes ``benchmarks/results/peers.json`` and the reStructuredText table ``docs/b
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
-import platform
-import resource
 import statistics
-import time
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import pyro
-import pyro.distributions as dist
 import pyro.infer
 import torch
 
 import pyro_sgmcmc
 from pyro_sgmcmc import MCMC, SGHMC
-from pyro_sgmcmc.chains.streams import chain_seed
 from pyro_sgmcmc.model.potential import JitMode
+
+if __package__:  # imported as benchmarks.peers
+    from . import harness
+    from .models import BATCH, NUM_DATA, SIZES, dim, log_likelihood, make_data, make_model, mlp_energy, shapes, unpack
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
+    from models import BATCH, NUM_DATA, SIZES, dim, log_likelihood, make_data, make_model, mlp_energy, shapes, unpack
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # tensordict's notices on import of posteriors
 
-NUM_DATA, BATCH, INPUTS, NOISE_SD = 10_000, 128, 10, 0.5
 STEP_SIZE, FRICTION = 0.01, 1.0
-#: the hand loop's maths: a fixed step, no mass matrix, plain minibatches (the kernels' defaults adapt)
-SAME_MATHS = dict(adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)
-SIZES = {"small": 50, "large": 490}  # hidden width: 3,151 and 246,471 weights
-ROOT = Path(__file__).resolve().parent.parent
+SAME_MATHS = harness.SAME_MATHS
+ROOT = harness.ROOT
 
 
-# ----------------------------------------------------------------------------------------- model
-def make_data(dtype=torch.float32, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(NUM_DATA, INPUTS, generator=generator, dtype=dtype)
-    y = (
-        torch.sin(x[:, 0])
-        + 0.5 * x[:, 1] * x[:, 2]
-        + NOISE_SD * torch.randn(NUM_DATA, generator=generator, dtype=dtype)
-    )
-    return x, y
-
-
-def shapes(hidden: int) -> Dict[str, tuple]:
-    """Site shapes in the package's flat order (sorted site names)."""
-    s = {
-        "W1": (INPUTS, hidden),
-        "W2": (hidden, hidden),
-        "W3": (hidden, 1),
-        "b1": (hidden,),
-        "b2": (hidden,),
-        "b3": (1,),
-    }
-    return dict(sorted(s.items()))
-
-
-def make_model(hidden: int):
-    def mlp_model(x, y):
-        W1 = pyro.sample("W1", dist.Normal(0.0, 1.0).expand([INPUTS, hidden]).to_event(2))
-        b1 = pyro.sample("b1", dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
-        W2 = pyro.sample("W2", dist.Normal(0.0, 1.0).expand([hidden, hidden]).to_event(2))
-        b2 = pyro.sample("b2", dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
-        W3 = pyro.sample("W3", dist.Normal(0.0, 1.0).expand([hidden, 1]).to_event(2))
-        b3 = pyro.sample("b3", dist.Normal(0.0, 1.0).expand([1]).to_event(1))
-        with pyro.plate("data", x.shape[0], subsample_size=BATCH) as idx:
-            mean = (torch.tanh(torch.tanh(x[idx] @ W1 + b1) @ W2 + b2) @ W3 + b3).squeeze(-1)
-            pyro.sample("y", dist.Normal(mean, NOISE_SD), obs=y[idx])
-
-    return mlp_model
-
-
-def unpack(z: torch.Tensor, hidden: int) -> Dict[str, torch.Tensor]:
-    lead, out, offset = z.shape[:-1], {}, 0
-    for name, shape in shapes(hidden).items():
-        n = math.prod(shape)
-        out[name] = z[..., offset : offset + n].reshape(lead + shape)
-        offset += n
-    return out
-
-
-def dim(hidden: int) -> int:
-    return sum(math.prod(s) for s in shapes(hidden).values())
-
-
-def log_likelihood(p, xb, yb):
-    """Gaussian log-likelihood of a minibatch, summed over its last axis."""
-    h = torch.tanh(torch.tanh(xb @ p["W1"] + p["b1"].unsqueeze(-2)) @ p["W2"] + p["b2"].unsqueeze(-2))
-    mean = (h @ p["W3"] + p["b3"].unsqueeze(-2)).squeeze(-1)
-    r = (yb - mean) / NOISE_SD
-    return (-0.5 * r * r - (math.log(NOISE_SD) + 0.5 * math.log(2 * math.pi))).sum(-1)
-
-
-# ------------------------------------------------------------------------------------- hand loop
-class HandSGHMC:
-    """Our SGHMC for K chains in plain PyTorch (K = 1: plain matrix products; K > 1: batched).
-
-    ``keep_draws``: also keep a copy of every draw, as an MCMC run that returns its draws must."""
-
-    def __init__(self, x, y, hidden, init: torch.Tensor, seed: int, keep_draws: bool = False):
-        self.x, self.y, self.hidden = x, y, hidden
-        self.draws: Optional[List[torch.Tensor]] = [] if keep_draws else None
-        self.num_chains, self.dim = init.shape
-        self.generators = [torch.Generator().manual_seed(chain_seed(seed, c)) for c in range(self.num_chains)]
-        self.permutation = torch.empty((self.num_chains, NUM_DATA), dtype=torch.long)
-        self.cursor = NUM_DATA
-        self.position = init.clone()
-        self.momentum = torch.zeros_like(init)
-        self.noise = torch.empty_like(init)
-        self.log_norm = self.dim * 0.5 * math.log(2 * math.pi)
-        self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
-
-    def next_indices(self) -> torch.Tensor:
-        if self.cursor + BATCH > NUM_DATA:
-            for row, generator in zip(self.permutation, self.generators):
-                row.copy_(torch.randperm(NUM_DATA, generator=generator))
-            self.cursor = 0
-        idx = self.permutation[:, self.cursor : self.cursor + BATCH]
-        self.cursor += BATCH
-        return idx
-
-    def potential_and_grad(self, z, idx):
-        with torch.enable_grad():
-            z = z.detach().requires_grad_(True)
-            p = unpack(z if self.num_chains > 1 else z[0], self.hidden)
-            i = idx if self.num_chains > 1 else idx[0]
-            log_lik = log_likelihood(p, self.x[i], self.y[i])
-            log_prior = -0.5 * (z * z).sum(-1) - self.log_norm
-            energy = -(log_prior + (NUM_DATA / BATCH) * log_lik)
-            (grad,) = torch.autograd.grad(energy.sum(), z)
-        return energy.detach(), grad
-
-    def step(self) -> None:
-        for row, generator in zip(self.noise, self.generators):
-            row.normal_(generator=generator)
-        eps = STEP_SIZE
-        # m <- (1 - eps alpha) m - eps/N grad U + sqrt(2 eps alpha / N) zeta ;  z <- z + eps m
-        self.momentum.mul_(1.0 - eps * FRICTION).add_(self.grad, alpha=-eps / NUM_DATA)
-        self.momentum.add_(self.noise, alpha=math.sqrt(2.0 * eps * FRICTION / NUM_DATA))
-        self.position.add_(self.momentum, alpha=eps)
-        self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
-        if self.draws is not None:
-            self.draws.append(self.position.clone())
+def hand_sghmc(x, y, hidden: int, init: torch.Tensor, seed: int, keep_draws: bool = False) -> harness.HandChains:
+    """Our SGHMC for K chains in plain PyTorch, written for speed (one chain: plain matrix products; K > 1:
+    batched; the update as fused in-place operations). ``keep_draws``: also keep a copy of every draw, as an
+    MCMC run that returns its draws must."""
+    energy = mlp_energy(x, y, hidden, init.shape[0])
+    return harness.HandChains(
+        energy, NUM_DATA, BATCH, init, seed, method="SGHMC", step_size=STEP_SIZE, friction=FRICTION,
+        in_place=True, keep_draws=keep_draws,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ posteriors
@@ -286,7 +181,7 @@ class OursMCMC:
         stamps: List[tuple] = []
 
         def hook(*_):
-            stamps.append((time.perf_counter(), time.process_time()))
+            stamps.append(harness.now())
 
         if self.init.shape[0] == 1 and not self.keep_last:
             mcmc = pyro.infer.MCMC(
@@ -320,7 +215,7 @@ def _check_same_maths(hidden: int, seed: int) -> dict:
     for chains in (1, 4):
         init = 0.1 * torch.randn(chains, dim(hidden), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         ours = OursKernel(x, y, hidden, init, seed)
-        hand = HandSGHMC(x, y, hidden, init, seed)
+        hand = hand_sghmc(x, y, hidden, init, seed)
         for _ in range(5):
             ours.step()
             hand.step()
@@ -363,48 +258,28 @@ def _check_same_maths(hidden: int, seed: int) -> dict:
 
 # ----------------------------------------------------------------------------------------- timing
 def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0) -> dict:
+    """Every contender in blocks of ``steps`` steps, ``rounds`` rotating rounds after one warm-up block each
+    (allocator, vmap/dynamo import, jit compile); medians over blocks and paired ratios per round."""
     x, y = make_data()
     init = 0.1 * torch.randn(chains, dim(hidden), generator=torch.Generator().manual_seed(1))
-    load_before = os.getloadavg()
+    load_before = harness.load_average()
     contenders: Dict[str, Callable[[], List[tuple]]] = {}
-
-    def stepped(obj):
-        def block():
-            stamps = [(time.perf_counter(), time.process_time())]
-            for _ in range(steps):
-                obj.step()
-                stamps.append((time.perf_counter(), time.process_time()))
-            return stamps
-
-        return block
-
-    contenders["hand"] = stepped(HandSGHMC(x, y, hidden, init, seed))
+    contenders["hand"] = harness.stepped(hand_sghmc(x, y, hidden, init, seed).step, steps)
     if chains == 1:  # the hand loop as an MCMC run that returns its draws: a copy of each
-        contenders["hand+draws"] = stepped(HandSGHMC(x, y, hidden, init, seed, keep_draws=True))
-    contenders["kernel"] = stepped(OursKernel(x, y, hidden, init, seed))
+        contenders["hand+draws"] = harness.stepped(hand_sghmc(x, y, hidden, init, seed, keep_draws=True).step, steps)
+    contenders["kernel"] = harness.stepped(OursKernel(x, y, hidden, init, seed).step, steps)
     mcmc = OursMCMC(x, y, hidden, init, seed)
     contenders["MCMC"] = lambda: mcmc.run(steps)
     if chains == 1:
         mcmc_eager = OursMCMC(x, y, hidden, init, seed, jit=False)
         contenders["MCMC eager"] = lambda: mcmc_eager.run(steps)
-        contenders["kernel eager"] = stepped(OursKernel(x, y, hidden, init, seed, jit=False))
+        contenders["kernel eager"] = harness.stepped(OursKernel(x, y, hidden, init, seed, jit=False).step, steps)
         mcmc_last = OursMCMC(x, y, hidden, init, seed, keep_last=True)
         contenders["MCMC keep_last"] = lambda: mcmc_last.run(steps)
-    contenders["posteriors"] = stepped(PosteriorsSGHMC(x, y, hidden, init, seed))
-    for block in contenders.values():  # warm-up (allocator, vmap/dynamo import, jit compile)
+    contenders["posteriors"] = harness.stepped(PosteriorsSGHMC(x, y, hidden, init, seed).step, steps)
+    for block in contenders.values():  # warm-up
         block()
-    names = list(contenders)
-    per_round: Dict[str, List[tuple]] = {name: [] for name in names}
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            stamps = contenders[name]()
-            n = len(stamps) - 1
-            wall = (stamps[-1][0] - stamps[0][0]) / n
-            cpu = (stamps[-1][1] - stamps[0][1]) / n
-            faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / n
-            per_round[name].append((1e3 * wall, 1e3 * cpu, faults))
+    per_round = harness.rotating_rounds(contenders, rounds)
     result = {
         "hidden": hidden,
         "weights": dim(hidden),
@@ -412,27 +287,25 @@ def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0
         "steps_per_block": steps,
         "rounds": rounds,
         "load_before": load_before,
-        "load_after": os.getloadavg(),
+        "load_after": harness.load_average(),
         "blocks_ms": per_round,
         "contenders": {},
     }
-    for name in names:
-        wall = [w for w, _, _ in per_round[name]]
-        cpu = [c for _, c, _ in per_round[name]]
-        result["contenders"][name] = {
+    baselines = {k: [b[1] for b in per_round[k]] for k in ("hand", "hand+draws", "posteriors") if k in per_round}
+    for name, blocks in per_round.items():
+        wall, cpu = [w for w, _, _ in blocks], [c for _, c, _ in blocks]
+        entry = result["contenders"][name] = {
             "wall_ms": statistics.median(wall),
             "cpu_ms": statistics.median(cpu),
-            "cpu_ratio_to_hand": statistics.median(c / h[1] for c, h in zip(cpu, per_round["hand"])),
-            "wall_ratio_to_hand": statistics.median(w / h[0] for w, h in zip(wall, per_round["hand"])),
-            "cpu_ratio_to_posteriors": statistics.median(c / p[1] for c, p in zip(cpu, per_round["posteriors"])),
+            "cpu_ratio_to_hand": harness.paired_median(cpu, baselines["hand"]),
+            "wall_ratio_to_hand": harness.paired_median(wall, [w for w, _, _ in per_round["hand"]]),
+            "cpu_ratio_to_posteriors": harness.paired_median(cpu, baselines["posteriors"]),
             # minor page faults per step: fresh pages the allocator had to map (a block of MCMC also counts
             # its run's set-up); a large, varying count is the allocator returning memory to the system
-            "page_faults_per_step": statistics.median(f for _, _, f in per_round[name]),
+            "page_faults_per_step": statistics.median(f for _, _, f in blocks),
         }
-        if "hand+draws" in per_round:
-            result["contenders"][name]["cpu_ratio_to_hand_draws"] = statistics.median(
-                c / h[1] for c, h in zip(cpu, per_round["hand+draws"])
-            )
+        if "hand+draws" in baselines:
+            entry["cpu_ratio_to_hand_draws"] = harness.paired_median(cpu, baselines["hand+draws"])
     return result
 
 
@@ -447,40 +320,30 @@ CONFIGS = {
 def rst_table(results: dict, retained: bool = False) -> str:
     names = ["MCMC", "MCMC keep_last", "MCMC eager", "kernel", "kernel eager", "hand", "hand+draws", "posteriors"]
     memory = ", freed CPU memory retained (retain_freed_cpu_memory)" if retained else ""
-    lines = (
-        [
-            ".. list-table:: ms per step (all chains), CPU time, median over interleaved blocks;"
-            f" in brackets the paired ratio to the hand loop{memory}",
-            "   :header-rows: 1",
-            "",
-            "   * - MLP (weights)",
-            "     - chains",
-            "     - load avg",
-        ]
-        + [f"     - {n}" for n in names]
-        + ["     - posteriors / ours (MCMC)"]
+    caption = (
+        "ms per step (all chains), CPU time, median over interleaved blocks;"
+        f" in brackets the paired ratio to the hand loop{memory}"
     )
+    rows = []
     for key, r in results["configs"].items():
         c = r["contenders"]
         load = f"{r['load_before'][0]:.1f} / {r['load_after'][0]:.1f}"
-        lines += [f"   * - {key.split('-')[0]} ({r['weights']:,})", f"     - {r['chains']}", f"     - {load}"]
-        for n in names:
-            lines.append(f"     - {c[n]['cpu_ms']:.3g} ({c[n]['cpu_ratio_to_hand']:.2f}x)" if n in c else "     - n/a")
-        lines.append(f"     - {1 / c['MCMC']['cpu_ratio_to_posteriors']:.2f}x")
-    return "\n".join(lines) + "\n"
+        cells = [f"{c[n]['cpu_ms']:.3g} ({c[n]['cpu_ratio_to_hand']:.2f}x)" if n in c else "n/a" for n in names]
+        mcmc_vs_posteriors = f"{1 / c['MCMC']['cpu_ratio_to_posteriors']:.2f}x"
+        rows.append([f"{key.split('-')[0]} ({r['weights']:,})", str(r["chains"]), load, *cells, mcmc_vs_posteriors])
+    header = ["MLP (weights)", "chains", "load avg", *names, "posteriors / ours (MCMC)"]
+    return harness.rst_list_table(caption, header, rows)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, harness.RESULTS / "peers.json", "a few steps of the small configs (smoke test)")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--tiny", action="store_true", help="a few steps of the small configs (smoke test)")
     parser.add_argument("--merge", action="store_true", help="keep the results of the configurations not re-run")
     parser.add_argument(
         "--retain-memory",
         action="store_true",
         help="call pyro_sgmcmc.retain_freed_cpu_memory() first (process-wide: every contender gets it)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers.json")
     parser.add_argument("--rst", type=Path, default=ROOT / "docs" / "benchmarks_peers_table.inc")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -490,16 +353,9 @@ def main(argv=None):
     import posteriors
 
     results = {
-        "machine": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "pyro": pyro.__version__,
-            "posteriors": getattr(posteriors, "__version__", "0.1.x"),
-            "pyro_sgmcmc": pyro_sgmcmc.__version__,
-            "cpus": os.cpu_count(),
-            "threads": torch.get_num_threads(),
-            "retain_freed_cpu_memory": retained,
-        },
+        "machine": harness.machine_info(
+            posteriors=getattr(posteriors, "__version__", "0.1.x"), retain_freed_cpu_memory=retained
+        ),
         "same_maths": {},
         "configs": {},
     }
@@ -528,8 +384,7 @@ def main(argv=None):
                 f"{c['cpu_ratio_to_posteriors']:.2f}x posteriors  {c['page_faults_per_step']:8.0f} faults/step"
             )
     if not args.tiny:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1))
+        harness.write_json(args.out, results, indent=1)
         args.rst.write_text(rst_table(results, retained))
         print(f"\nwritten: {args.out}, {args.rst}")
     return results
