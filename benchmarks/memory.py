@@ -1,6 +1,6 @@
 """Benchmark: resident memory over 20,000 SGHMC steps stays flat (beyond the draws that are kept).
 
-Three runs on the small Bayesian MLP of ``benchmarks/peers.py`` (3,151 weights, N = 10,000, B = 128):
+Three runs on the small Bayesian MLP of ``benchmarks/peers.py`` (``models.py``; 3,151 weights, N = 10,000, B = 128):
 
 ``kernel``
     one chain, ``kernel.setup_chains`` then 20,000 ``kernel.step()`` calls: nothing is kept, so any growth
@@ -25,33 +25,30 @@ Run::
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
-from pathlib import Path
 
 import pyro
 import torch
 
 from pyro_sgmcmc import MCMC, SGHMC
 
-try:
-    from benchmarks.peers import FRICTION, SIZES, STEP_SIZE, dim, make_data, make_model
-except ImportError:  # run as a script from the repository root
-    from peers import FRICTION, SIZES, STEP_SIZE, dim, make_data, make_model
+if __package__:  # imported as benchmarks.memory
+    from . import harness
+    from .models import FRICTION, SIZES, STEP_SIZE, dim, make_data, make_model
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
+    from models import FRICTION, SIZES, STEP_SIZE, dim, make_data, make_model
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGE = os.sysconf("SC_PAGE_SIZE")
 EVERY = 500
 
 
 def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE / 2**20
+    return harness.rss_bytes() / 2**20
 
 
 def summarise(readings, expected_mb: float) -> dict:
+    """RSS after 1,000 steps and at the end, the growth against ``expected_mb``, and the least-squares slope
+    through the second half of the readings."""
     steps = [s for s, _ in readings]
     values = [m for _, m in readings]
     start = next(m for s, m in readings if s >= 1000)
@@ -73,11 +70,12 @@ def summarise(readings, expected_mb: float) -> dict:
     }
 
 
+def make_kernel(hidden: int) -> SGHMC:
+    return SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, **harness.SAME_MATHS)
+
+
 def run_kernel(x, y, hidden, steps):
-    kernel = SGHMC(
-        make_model(hidden), step_size=STEP_SIZE, friction=FRICTION,
-        adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
-    )  # fmt: skip
+    kernel = make_kernel(hidden)
     readings = []
     with pyro.validation_enabled(False):
         kernel.setup_chains(0, (x, y), {}, num_chains=1, seed=0)
@@ -95,13 +93,10 @@ def run_vectorized(x, y, hidden, steps, chains, thinning, keep_last):
         if (t + 1) % EVERY == 0:
             readings.append((t + 1, rss_mb()))
 
-    kernel = SGHMC(
-        make_model(hidden), step_size=STEP_SIZE, friction=FRICTION,
-        adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
-    )  # fmt: skip
     mcmc = MCMC(
-        kernel, num_samples=steps // thinning, warmup_steps=0, num_chains=chains, chain_method="vectorized",
-        thinning=thinning, keep_last=keep_last, seed=0, hook_fn=hook, disable_progbar=True,
+        make_kernel(hidden), num_samples=steps // thinning, warmup_steps=0, num_chains=chains,
+        chain_method="vectorized", thinning=thinning, keep_last=keep_last, seed=0, hook_fn=hook,
+        disable_progbar=True,
     )  # fmt: skip
     mcmc.run(x, y)
     kept = (steps // thinning) if keep_last is None else min(keep_last, steps // thinning)
@@ -112,17 +107,15 @@ def run_vectorized(x, y, hidden, steps, chains, thinning, keep_last):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, harness.RESULTS / "memory.json", "2,000 steps: smoke test (nothing written)")
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--chains", type=int, default=16)
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "memory.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     steps = 2000 if args.tiny else args.steps
     x, y = make_data()
     hidden = SIZES["small"]
-    results = {"steps": steps, "chains": args.chains, "load_before": os.getloadavg(), "runs": {}}
+    results = {"steps": steps, "chains": args.chains, "load_before": harness.load_average(), "runs": {}}
     for name, fn in (
         ("kernel (1 chain)", lambda: run_kernel(x, y, hidden, steps)),
         ("vectorized keep_last=1", lambda: run_vectorized(x, y, hidden, steps, args.chains, 1, 1)),
@@ -138,11 +131,10 @@ def main(argv=None):
             f"slope {r['slope_second_half_mb_per_10k_steps']:+5.2f} MB/10k steps) "
             f"{'flat' if r['flat'] else 'GROWS'}  [{r['seconds']:.0f} s]"
         )
-    results["load_after"] = os.getloadavg()
+    results["load_after"] = harness.load_average()
     print(f"load average {results['load_before'][0]:.1f} -> {results['load_after'][0]:.1f}")
     if not args.tiny:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1))
+        harness.write_json(args.out, results, indent=1)
     return results
 
 

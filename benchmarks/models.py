@@ -92,6 +92,7 @@ def digits_energy(x, y) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
 
 # ------------------------------------------------------------------------------------- MLP regression
 NUM_DATA, BATCH, INPUTS, NOISE_SD = 10_000, 128, 10, 0.5
+STEP_SIZE, FRICTION = 0.01, 1.0  # the SGHMC settings every benchmark on this problem uses
 SIZES = {"small": 50, "large": 490}  # hidden width: 3,151 and 246,471 weights
 
 

@@ -75,14 +75,39 @@ from pyro_sgmcmc.model.potential import JitMode
 
 if __package__:  # imported as benchmarks.peers
     from . import harness
-    from .models import BATCH, NUM_DATA, SIZES, dim, log_likelihood, make_data, make_model, mlp_energy, shapes, unpack
+    from .models import (
+        BATCH,
+        FRICTION,
+        NUM_DATA,
+        SIZES,
+        STEP_SIZE,
+        dim,
+        log_likelihood,
+        make_data,
+        make_model,
+        mlp_energy,
+        shapes,
+        unpack,
+    )
 else:  # run as a script: benchmarks/ is on sys.path
     import harness
-    from models import BATCH, NUM_DATA, SIZES, dim, log_likelihood, make_data, make_model, mlp_energy, shapes, unpack
+    from models import (
+        BATCH,
+        FRICTION,
+        NUM_DATA,
+        SIZES,
+        STEP_SIZE,
+        dim,
+        log_likelihood,
+        make_data,
+        make_model,
+        mlp_energy,
+        shapes,
+        unpack,
+    )
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # tensordict's notices on import of posteriors
 
-STEP_SIZE, FRICTION = 0.01, 1.0
 SAME_MATHS = harness.SAME_MATHS
 ROOT = harness.ROOT
 
