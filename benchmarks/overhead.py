@@ -38,15 +38,11 @@ Options: ``--steps-scale 0.1 --repeats 3`` for a quick, rough run; ``--threads``
 
 from __future__ import annotations
 
-import argparse
 import cProfile
-import json
 import math
 import os
-import platform
 import pstats
 import statistics
-import time
 from pathlib import Path
 
 import pyro
@@ -58,8 +54,12 @@ from pyro.nn import PyroModule, PyroSample
 
 import pyro_sgmcmc
 
+if __package__:  # imported as benchmarks.overhead
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
+
 STEP_SIZE, FRICTION, TEMPERATURE = 1e-3, 1.0, 1.0
-FIXED = dict(adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)  # the hand loop's maths
 
 
 # ====================================================================================== models
@@ -154,53 +154,25 @@ class MLPClassifier:
 
 
 # ====================================================================================== hand loop
-class HandLoop:
-    """SGLD / SGHMC written out in PyTorch, in the kernels' step order (noise, move, re-evaluate).
+def hand_loop(problem, method, position, step_size=STEP_SIZE, temperature=TEMPERATURE) -> harness.HandChains:
+    """SGLD / SGHMC written out in PyTorch (``harness.HandChains``, one chain) on the problem's hand-written
+    log density, in the kernels' step order (noise, move, re-evaluate), minibatches as the kernels draw them."""
 
-    Minibatches as the kernels draw them: walk through a random permutation of the data, ``B``
-    indices per step, reshuffling when fewer than ``B`` remain.
-    """
+    def energy(z, idx):
+        return -problem.hand_log_density(z[0], idx[0]).unsqueeze(0)
 
-    def __init__(self, problem, method, position, step_size=STEP_SIZE, temperature=TEMPERATURE):
-        self.problem, self.method = problem, method
-        self.n, self.batch_size = problem.num_data, problem.batch_size
-        self.step_size = step_size
-        self.permutation, self.cursor = None, self.n
-        self.z = position.clone()
-        self.m = torch.zeros_like(self.z)
-        self.grad = self.potential_grad(self.z)
-        self.noise_scale = math.sqrt(2 * step_size * temperature * (FRICTION if method == "SGHMC" else 1.0) / self.n)
-
-    def next_indices(self):
-        if self.cursor + self.batch_size > self.n:
-            self.permutation, self.cursor = torch.randperm(self.n), 0
-        idx = self.permutation[self.cursor : self.cursor + self.batch_size]
-        self.cursor += self.batch_size
-        return idx
-
-    def potential_grad(self, z):
-        idx = self.next_indices()
-        z = z.detach().requires_grad_(True)
-        potential = -self.problem.hand_log_density(z, idx)
-        (grad,) = torch.autograd.grad(potential, z)
-        return grad
-
-    def step(self):
-        eps = self.step_size
-        noise = torch.randn_like(self.z)
-        drift = self.grad * (-1.0 / self.n)
-        if self.method == "SGLD":
-            self.z = self.z + eps * drift + self.noise_scale * noise
-        else:  # SGHMC, mass 1
-            self.m = (1.0 - eps * FRICTION) * self.m + eps * drift + self.noise_scale * noise
-            self.z = self.z + eps * self.m
-        self.grad = self.potential_grad(self.z)
+    return harness.HandChains(
+        energy, problem.num_data, problem.batch_size, position.unsqueeze(0), seed=0, method=method,
+        step_size=step_size, friction=FRICTION, temperature=temperature,
+    )  # fmt: skip
 
 
 def make_kernel(problem, method, step_size=STEP_SIZE, temperature=TEMPERATURE):
     if method == "SGLD":
-        return pyro_sgmcmc.SGLD(problem.model, step_size=step_size, temperature=temperature, **FIXED)
-    return pyro_sgmcmc.SGHMC(problem.model, step_size=step_size, friction=FRICTION, temperature=temperature, **FIXED)
+        return pyro_sgmcmc.SGLD(problem.model, step_size=step_size, temperature=temperature, **harness.SAME_MATHS)
+    return pyro_sgmcmc.SGHMC(
+        problem.model, step_size=step_size, friction=FRICTION, temperature=temperature, **harness.SAME_MATHS
+    )
 
 
 def check_same_steps(problem_class, method, steps=50, step_size=0.05):
@@ -216,42 +188,29 @@ def check_same_steps(problem_class, method, steps=50, step_size=0.05):
     pyro.set_rng_seed(0)
     kernel.setup(0, *problem.args)
     start = kernel.state.position[0].clone()
-    hand = HandLoop(problem, method, start, step_size=step_size, temperature=0.0)
+    hand = hand_loop(problem, method, start, step_size=step_size, temperature=0.0)
     params = kernel.initial_params
     for _ in range(steps):
         params = kernel.sample(params)
         hand.step()
     position = kernel.state.position[0]
-    return float((position - hand.z).abs().max()), float((position - start).abs().max())
+    return harness.max_abs_diff(position, hand.position[0]), harness.max_abs_diff(position, start)
 
 
 # ====================================================================================== timers
-class Timer:
-    """Seconds per step, both CPU time of this process and wall time."""
-
-    def __init__(self, steps):
-        self.steps = steps
-
-    def __enter__(self):
-        self.cpu, self.wall = time.process_time(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.result = {
-            "cpu": (time.process_time() - self.cpu) / self.steps,
-            "wall": (time.perf_counter() - self.wall) / self.steps,
-        }
+def timed(run, steps: int) -> dict:
+    """Seconds per step of ``run()`` (which takes ``steps`` steps): CPU time of this process and wall time."""
+    start = harness.now()
+    run()
+    end = harness.now()
+    return {"cpu": (end[1] - start[1]) / steps, "wall": (end[0] - start[0]) / steps}
 
 
 def time_hand(problem, method, steps):
     pyro.set_rng_seed(0)
-    loop = HandLoop(problem, method, 0.1 * torch.randn(problem.dim))  # same cost anywhere
-    for _ in range(10):
-        loop.step()
-    with Timer(steps) as timer:
-        for _ in range(steps):
-            loop.step()
-    return timer.result
+    loop = hand_loop(problem, method, 0.1 * torch.randn(problem.dim))  # same cost anywhere
+    harness.stepped(loop.step, 10)()
+    return timed(harness.stepped(loop.step, steps), steps)
 
 
 def time_direct(problem, method, steps, validation):
@@ -259,22 +218,20 @@ def time_direct(problem, method, steps, validation):
     with pyro.validation_enabled(validation):
         kernel = make_kernel(problem, method)
         kernel.setup(0, *problem.args)
-        params = kernel.initial_params
-        for _ in range(10):
-            params = kernel.sample(params)
-        with Timer(steps) as timer:
-            for _ in range(steps):
-                params = kernel.sample(params)
-        return timer.result
+        params = [kernel.initial_params]
+
+        def sample():
+            params[0] = kernel.sample(params[0])
+
+        harness.stepped(sample, 10)()
+        return timed(harness.stepped(sample, steps), steps)
 
 
 def time_mcmc(problem, method, steps):
     pyro.set_rng_seed(0)
     kernel = make_kernel(problem, method)
     mcmc = MCMC(kernel, num_samples=steps // 2, warmup_steps=steps - steps // 2, disable_progbar=True)
-    with Timer(steps) as timer:
-        mcmc.run(*problem.args)
-    return timer.result
+    return timed(lambda: mcmc.run(*problem.args), steps)
 
 
 VARIANTS = ["hand", "direct (validation on)", "direct (validation off)", "MCMC"]
@@ -289,15 +246,11 @@ def run_timings(problem, method, steps, repeats):
         times["MCMC"].append(time_mcmc(problem, method, steps))
     out = {}
     for variant, results in times.items():
-        cpu, wall = [r["cpu"] for r in results], [r["wall"] for r in results]
-        out[variant] = {
-            "cpu_min_us": 1e6 * min(cpu),
-            "cpu_median_us": 1e6 * statistics.median(cpu),
-            "wall_min_us": 1e6 * min(wall),
-            "wall_median_us": 1e6 * statistics.median(wall),
-            "cpu_all_us": [1e6 * x for x in cpu],
-            "wall_all_us": [1e6 * x for x in wall],
-        }
+        out[variant] = {}
+        for clock in ("cpu", "wall"):
+            values = [1e6 * r[clock] for r in results]
+            out[variant].update({f"{clock}_min_us": min(values), f"{clock}_median_us": statistics.median(values)})
+        out[variant].update({f"{clock}_all_us": [1e6 * r[clock] for r in results] for clock in ("cpu", "wall")})
     return out
 
 
@@ -366,30 +319,8 @@ def profile_kernel(problem, method, steps, validation=False):
 
 
 # ====================================================================================== main
-def machine_info():
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "pyro": pyro.__version__,
-        "pyro_sgmcmc": pyro_sgmcmc.__version__,
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        if model:
-            info["cpu_model"] = model[0]
-    except OSError:
-        pass
-    return info
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("overhead_results.json"))
+    parser = harness.parser(__doc__, Path("overhead_results.json"), tiny=None)
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply the steps per timing (0.1: quick run)")
     parser.add_argument("--threads", type=int, default=1)
@@ -399,9 +330,9 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
 
     problems = [(LinReg(), 500), (MLPClassifier(), 200)]
-    results = {"machine": machine_info(), "load_average_start": os.getloadavg(), "models": {}}
+    results = {"machine": harness.machine_info(), "load_average_start": harness.load_average(), "models": {}}
     print(f"torch {torch.__version__}, pyro {pyro.__version__}, {os.cpu_count()} CPUs, {args.threads} torch thread(s)")
-    print(f"load average at start: {os.getloadavg()}")
+    print(f"load average at start: {harness.load_average()}")
 
     for problem, base_steps in problems:
         steps = max(20, int(base_steps * args.steps_scale))
@@ -417,11 +348,9 @@ def main(argv=None):
         entry["profile_SGHMC"] = profile_kernel(problem, "SGHMC", args.profile_steps)
         results["models"][problem.name] = entry
 
-    results["load_average_end"] = os.getloadavg()
+    results["load_average_end"] = harness.load_average()
     print_table(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(f"\nresults written to {args.out}")
+    print(f"\nresults written to {harness.write_json(args.out, results)}")
     if args.rst is not None:
         args.rst.write_text(rst_table(results))
         print(f"reStructuredText table written to {args.rst}")
@@ -430,20 +359,14 @@ def main(argv=None):
 
 def rst_table(results) -> str:
     """The CPU-time table as a reStructuredText ``list-table`` (pasted into docs/benchmarks.rst)."""
-    lines = [
-        ".. list-table:: CPU microseconds per step (ratio to the hand-written loop)",
-        "   :header-rows: 1",
-        "",
-        "   * - model",
-        "     - kernel",
-    ] + [f"     - {variant}" for variant in VARIANTS]
+    rows = []
     for name, entry in results["models"].items():
         for method, k in entry["kernels"].items():
-            lines += [f"   * - {name}", f"     - {method}"]
-            for variant in VARIANTS:
-                t = k["timings"][variant]
-                lines.append(f"     - {t['cpu_min_us']:.0f} ({t['cpu_ratio_to_hand']:.1f}x)")
-    return "\n".join(lines) + "\n"
+            t = k["timings"]
+            cells = [f"{t[v]['cpu_min_us']:.0f} ({t[v]['cpu_ratio_to_hand']:.1f}x)" for v in VARIANTS]
+            rows.append([name, method, *cells])
+    caption = "CPU microseconds per step (ratio to the hand-written loop)"
+    return harness.rst_list_table(caption, ["model", "kernel", *VARIANTS], rows)
 
 
 def print_table(results):
