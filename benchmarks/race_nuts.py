@@ -59,15 +59,9 @@ Writes ``benchmarks/race_nuts_results.json`` (``--out``).
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import math
-import os
-import platform
 import time
 import warnings
-from pathlib import Path
 
 import arviz as az
 import numpy as np
@@ -77,10 +71,16 @@ import torch
 import torch._dynamo  # noqa: F401  (torch.func imports it on first use: seconds that would land in one contender)
 from pyro.infer import MCMC, NUTS
 
-import pyro_sgmcmc
 from pyro_sgmcmc import SGHMC
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__:  # imported as benchmarks.race_nuts
+    from . import harness
+    from .models import logistic_laplace
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
+    from models import logistic_laplace
+
+ROOT = harness.ROOT
 D = 20
 PRIOR_SD = 10.0
 BATCH = 1000
@@ -132,51 +132,11 @@ def flat(samples) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- reference
-def newton_reference(x, y, chunk: int = 250_000, tol: float = 1e-10, max_iter: int = 50) -> dict:
+def newton_reference(x, y) -> dict:
     """MAP (Newton's method with step halving, float64) and the Laplace covariance, order ``w[0..19], b``."""
     start = time.perf_counter()
-    n = x.shape[0]
-    theta = torch.zeros(D + 1, dtype=torch.float64)
-    prior_precision = 1.0 / PRIOR_SD**2
-
-    def evaluate(theta, need_hessian=True):
-        value = 0.5 * prior_precision * float(theta @ theta)
-        grad = prior_precision * theta.clone()
-        hess = prior_precision * torch.eye(D + 1, dtype=torch.float64) if need_hessian else None
-        for lo in range(0, n, chunk):
-            xc = torch.cat([x[lo : lo + chunk].double(), torch.ones(min(chunk, n - lo), 1, dtype=torch.float64)], 1)
-            yc = y[lo : lo + chunk].double()
-            eta = xc @ theta
-            value += float(torch.nn.functional.binary_cross_entropy_with_logits(eta, yc, reduction="sum"))
-            p = torch.sigmoid(eta)
-            grad += xc.T @ (p - yc)
-            if need_hessian:
-                hess += (xc * (p * (1 - p)).unsqueeze(-1)).T @ xc
-        return value, grad, hess
-
-    value, grad, hess = evaluate(theta)
-    iterations = 0
-    for iterations in range(1, max_iter + 1):
-        step = torch.linalg.solve(hess, grad)
-        t = 1.0
-        while True:  # step halving (never needed near the mode; kept for safety from theta = 0)
-            new_value, _, _ = evaluate(theta - t * step, need_hessian=False)
-            if new_value <= value + 1e-12 * abs(value) or t < 1e-8:
-                break
-            t *= 0.5
-        theta = theta - t * step
-        value, grad, hess = evaluate(theta)
-        if float((t * step).abs().max()) < tol:
-            break
-    cov = torch.linalg.inv(hess)
-    return {
-        "mean": theta,
-        "sd": cov.diagonal().sqrt(),
-        "cov": cov,
-        "newton_iterations": iterations,
-        "max_abs_grad": float(grad.abs().max()),
-        "seconds": time.perf_counter() - start,
-    }
+    ref = logistic_laplace(x, y, PRIOR_SD, intercept=True, chunk=250_000, tol=1e-10, max_iter=50)
+    return {**ref, "seconds": time.perf_counter() - start}
 
 
 def errors(draws: torch.Tensor, ref: dict) -> dict:
@@ -211,7 +171,7 @@ def run_once(side: str, x, y, warmup: int, samples: int, seed: int = SEED) -> di
         kernel = SGHMC(model, **SG_LINES[side])
         subsample = BATCH
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, disable_progbar=True)
-    load = os.getloadavg()[0]
+    load = harness.load_average()[0]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
@@ -226,8 +186,7 @@ def run_once(side: str, x, y, warmup: int, samples: int, seed: int = SEED) -> di
     }
     if side == "NUTS":
         diagnostics = mcmc.diagnostics()
-        chain = diagnostics.get("divergences", {}).get("chain 0", [])
-        out["divergences"] = len(chain)
+        out["divergences"] = len(diagnostics.get("divergences", {}).get("chain 0", []))
         out["acceptance_rate"] = float(diagnostics.get("acceptance rate", {}).get("chain 0", float("nan")))
         out["step_size"] = float(kernel.step_size)
     else:
@@ -240,6 +199,12 @@ def run_once(side: str, x, y, warmup: int, samples: int, seed: int = SEED) -> di
     return out, draws
 
 
+def scored_run(side: str, x, y, warmup: int, samples: int, ref: dict, seed: int = SEED) -> dict:
+    """:func:`run_once` with its draws' errors against the reference and their smallest ESS."""
+    run, draws = run_once(side, x, y, warmup, samples, seed)
+    return {**run, **errors(draws, ref), "min_ess": min_ess(draws), "seed": seed}
+
+
 def ladder(side: str, sizes, cap: float, x, y, ref: dict, log, repeats: int = 0) -> dict:
     """Budgets that double until the criterion holds or the cap would be passed; then, if it held and
     ``repeats`` runs of that budget fit in :data:`REPEAT_BUDGET` seconds, the same budget with seeds 1..repeats."""
@@ -250,9 +215,7 @@ def ladder(side: str, sizes, cap: float, x, y, ref: dict, log, repeats: int = 0)
             stopped = "cap"
             log(f"  {side}: next budget ({warmup} + {samples}) predicted to pass the cap of {cap:.0f} s; stopped")
             break
-        run, draws = run_once(side, x, y, warmup, samples)
-        run.update(errors(draws, ref))
-        run["min_ess"] = min_ess(draws)
+        run = scored_run(side, x, y, warmup, samples, ref)
         total += run["seconds"]
         runs.append(run)
         log(
@@ -267,9 +230,7 @@ def ladder(side: str, sizes, cap: float, x, y, ref: dict, log, repeats: int = 0)
     again = []
     if reached is not None and repeats and repeats * reached["seconds"] <= REPEAT_BUDGET:
         for seed in range(SEED + 1, SEED + 1 + repeats):
-            run, draws = run_once(side, x, y, reached["warmup_steps"], reached["num_samples"], seed)
-            run.update(errors(draws, ref))
-            run["seed"] = seed
+            run = scored_run(side, x, y, reached["warmup_steps"], reached["num_samples"], ref, seed)
             again.append(run)
             log(
                 f"    same budget, seed {seed}: {run['seconds']:7.1f} s  mean err {run['max_mean_error_sd']:.3f} sd  "
@@ -304,14 +265,8 @@ def validate_reference(num_data: int, warmup: int, samples: int, log) -> dict:
     ess = min_ess(draws)
     out = {
         "num_data": num_data,
-        "nuts": {
-            "warmup_steps": warmup,
-            "num_samples": samples,
-            "jit_compile": True,
-            "dtype": "float64",
-            "seconds": seconds,
-            "min_ess": ess,
-        },  # fmt: skip
+        "nuts": {"warmup_steps": warmup, "num_samples": samples, "jit_compile": True, "dtype": "float64",
+                 "seconds": seconds, "min_ess": ess},  # fmt: skip
         "max_abs_mean_diff_in_nuts_sd": float(mean_diff.max()),
         "max_rel_sd_diff": float(sd_diff.max()),
         # Monte Carlo error of the NUTS estimates (one sd): of a mean, 1/sqrt(ESS) sd; of an sd, 1/sqrt(2 ESS)
@@ -327,25 +282,6 @@ def validate_reference(num_data: int, warmup: int, samples: int, log) -> dict:
     return out
 
 
-def package_fingerprint() -> dict:
-    """The git commit and a hash of the package's sources as measured (uncommitted edits included)."""
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "pyro_sgmcmc").rglob("*.py")):
-        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
-    head = ROOT / ".git" / "HEAD"
-    commit = None
-    try:
-        ref = head.read_text().strip()
-        commit = (ROOT / ".git" / ref[5:]).read_text().strip() if ref.startswith("ref: ") else ref
-    except OSError:
-        pass
-    return {
-        "git_commit": commit,
-        "sources_sha256": digest.hexdigest(),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-
-
 def warm_up(log) -> None:
     """Untimed small runs of every side: imports and lazy initialisation do not land in a timed run."""
     x, y, _ = make_data(20_000)
@@ -358,9 +294,7 @@ def warm_up(log) -> None:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="N = 2e4 only, short budgets (under a minute)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "race_nuts_results.json")
+    parser = harness.parser(__doc__, ROOT / "benchmarks" / "race_nuts_results.json", "N = 2e4 only, short budgets")
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e5, 1e6], help="N values (default 1e5 1e6)")
     parser.add_argument("--caps", type=float, nargs="+", default=[900.0, 3600.0],
                         help="cap on each side's ladder total, seconds, per N (default 900 3600)")  # fmt: skip
@@ -388,35 +322,20 @@ def main(argv=None):
     if len(caps) != len(sizes):
         raise SystemExit("--caps needs one value per --sizes value")
 
-    lines = []
-
-    def log(message: str) -> None:
-        print(message, flush=True)
-        lines.append(message)
-
+    log = harness.Log()
     results = {
         "config": {
-            "tiny": args.tiny,
-            "d": D,
-            "prior": f"w_j, b ~ Normal(0, {PRIOR_SD})",
-            "batch_size": BATCH,
-            "dtype": "float32 (both sides); reference float64",
-            "torch_threads": THREADS,
-            "seed": SEED,
+            "tiny": args.tiny, "d": D, "prior": f"w_j, b ~ Normal(0, {PRIOR_SD})", "batch_size": BATCH,
+            "dtype": "float32 (both sides); reference float64", "torch_threads": THREADS, "seed": SEED,
             "data_seed": DATA_SEED,
             "criterion": f"every mean within {MEAN_TOLERANCE} reference sd and every sd within "
             f"{100 * SD_TOLERANCE:.0f} % of the reference sd (21 coordinates), from the draws after warmup",
-            "nuts_ladder": nuts_ladder,
-            "sghmc_ladder": sg_ladder,
-            "caps_seconds": dict(zip(map(str, sizes), caps)),
-            "sides": args.sides,
-            "repeats": args.repeats,
-            "repeat_budget_seconds": REPEAT_BUDGET,
+            "nuts_ladder": nuts_ladder, "sghmc_ladder": sg_ladder, "caps_seconds": dict(zip(map(str, sizes), caps)),
+            "sides": args.sides, "repeats": args.repeats, "repeat_budget_seconds": REPEAT_BUDGET,
             "sghmc_lines": {k: {kk: repr(vv) for kk, vv in v.items()} for k, v in SG_LINES.items()},
-        },
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_at_start": os.getloadavg()},
-        "versions": {"torch": torch.__version__, "pyro": pyro.__version__, "pyro_sgmcmc": pyro_sgmcmc.__version__},
-        "package": package_fingerprint(),
+        },  # fmt: skip
+        "machine": harness.machine_info(load_at_start=harness.load_average()),
+        "package": harness.package_fingerprint(),
     }
     warm_up(log)
     if not args.no_validation:
@@ -429,13 +348,8 @@ def main(argv=None):
         log(f"\nN = {num_data}: Newton reference in {ref['seconds']:.1f} s ({ref['newton_iterations']} iterations); "
             f"reference sds {float(ref['sd'].min()):.2e} .. {float(ref['sd'].max()):.2e}")  # fmt: skip
         race = {
-            "reference": {
-                "mean": ref["mean"].tolist(),
-                "sd": ref["sd"].tolist(),
-                "newton_iterations": ref["newton_iterations"],
-                "max_abs_grad": ref["max_abs_grad"],
-                "seconds": ref["seconds"],
-            },
+            "reference": {"mean": ref["mean"].tolist(), "sd": ref["sd"].tolist(),
+                          **{k: ref[k] for k in ("newton_iterations", "max_abs_grad", "seconds")}},  # fmt: skip
             "truth": truth,
             "positives": float(y.mean()),
             "sides": {},
@@ -446,40 +360,39 @@ def main(argv=None):
         results["races"][str(num_data)] = race
         del x, y
 
-    results["machine"]["load_at_end"] = os.getloadavg()
+    results["machine"]["load_at_end"] = harness.load_average()
     log("\n" + table(results))
-    results["log"] = lines
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(f"results written to {args.out}")
+    results["log"] = log.lines
+    print(f"results written to {harness.write_json(args.out, results)}")
     return results
 
 
 def table(results: dict) -> str:
-    rows = [f"{'N':>9}  {'side':<22} {'time to criterion':>20} {'budget':>14} {'mean err (sd)':>14} "
-            f"{'sd err':>7} {'ladder total':>13} {'other seeds pass':>17}"]  # fmt: skip
+    """Per N and side: time to criterion (NUTS's over this side's in brackets), its budget, errors, the
+    ladder's total and how many other seeds pass at that budget."""
+    rows = []
     for n, race in results["races"].items():
         nuts = race["sides"].get("NUTS", {})
         for side, entry in race["sides"].items():
-            last = next((r for r in entry["runs"] if r["meets"]), entry["runs"][-1] if entry["runs"] else None)
+            runs = entry["runs"]
+            last = next((r for r in runs if r["meets"]), runs[-1] if runs else None)
             if entry["reached"]:
                 when = f"{entry['time_to_criterion']:.1f} s"
                 if side != "NUTS" and nuts.get("reached"):
                     when += f" ({nuts['time_to_criterion'] / entry['time_to_criterion']:.1f}x)"
                 budget = f"{entry['budget'][0]}+{entry['budget'][1]}"
+            elif entry["stopped_by"] == "cap":
+                when, budget = f"not within {entry['cap_seconds']:.0f} s", "-"
             else:
-                if entry["stopped_by"] == "cap":
-                    when = f"not within {entry['cap_seconds']:.0f} s"
-                else:
-                    when = f"not by {entry['runs'][-1]['warmup_steps']}+{entry['runs'][-1]['num_samples']}"
-                budget = "-"
-            mean_err = f"{last['max_mean_error_sd']:.3f}" if last else "-"
-            sd_err = f"{last['max_sd_error']:.3f}" if last else "-"
+                when, budget = f"not by {runs[-1]['warmup_steps']}+{runs[-1]['num_samples']}", "-"
             again = entry.get("other_seeds", [])
-            passed = f"{sum(r['meets'] for r in again)}/{len(again)}" if again else "-"
-            rows.append(f"{n:>9}  {side:<22} {when:>20} {budget:>14} {mean_err:>14} {sd_err:>7} "
-                        f"{entry['ladder_total_seconds']:>11.1f} s {passed:>17}")  # fmt: skip
-    return "\n".join(rows)
+            rows.append([
+                n, side, when, budget, f"{last['max_mean_error_sd']:.3f}" if last else "-",
+                f"{last['max_sd_error']:.3f}" if last else "-", f"{entry['ladder_total_seconds']:.1f} s",
+                f"{sum(r['meets'] for r in again)}/{len(again)}" if again else "-",
+            ])  # fmt: skip
+    header = ["N", "side", "time to criterion", "budget", "mean err (sd)", "sd err", "ladder total", "other seeds pass"]
+    return harness.text_table(header, rows)
 
 
 if __name__ == "__main__":
