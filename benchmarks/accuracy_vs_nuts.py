@@ -52,9 +52,7 @@ Writes ``benchmarks/results/accuracy_vs_nuts.json`` and the plot ``docs/_static/
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -67,7 +65,14 @@ from pyro.infer.autoguide.initialization import init_to_median
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__:  # imported as benchmarks.accuracy_vs_nuts
+    from . import harness
+    from .models import logistic_laplace
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
+    from models import logistic_laplace
+
+ROOT = harness.ROOT
 D = 20
 TOLERANCE = 0.1  # in posterior sd
 CHAINS = 16
@@ -112,24 +117,11 @@ def make_minibatch_model(batch: int):
     return model
 
 
-def reference(x, y, chunk: int = 1_000_000):
+def reference(x, y):
     """MAP by Newton's method (float64, chunked), the Laplace sd, and the eigenvalues of the normalised
     Hessian ``H / N`` (the curvature the samplers' step sizes are measured against)."""
-    w = torch.zeros(D, dtype=torch.float64)
-    for _ in range(30):
-        grad = -w.clone()
-        hess = torch.eye(D, dtype=torch.float64)
-        for start in range(0, x.shape[0], chunk):
-            xc, yc = x[start : start + chunk].double(), y[start : start + chunk].double()
-            p = torch.sigmoid(xc @ w)
-            grad += xc.T @ (yc - p)
-            hess += (xc * (p * (1 - p)).unsqueeze(-1)).T @ xc
-        step = torch.linalg.solve(hess, grad)
-        w = w + step
-        if float(step.abs().max()) < 1e-12:
-            break
-    cov = torch.linalg.inv(hess)
-    return w, cov.diagonal().sqrt(), torch.linalg.eigvalsh(hess / x.shape[0])
+    ref = logistic_laplace(x, y, prior_sd=1.0, chunk=1_000_000, tol=1e-12, max_iter=30)
+    return ref["mean"], ref["sd"], torch.linalg.eigvalsh(ref["hessian"] / x.shape[0])
 
 
 class Tracker:
@@ -206,7 +198,7 @@ def run_sg(kind: str, x, y, ref_mean, ref_sd, max_steps: int, seed: int = 0) -> 
     else:
         batch = max(num_data // 100, 100)
         model = make_minibatch_model(batch)
-        fixed = dict(adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)  # as measured in the docs
+        fixed = harness.SAME_MATHS  # as measured in the docs: fixed steps, plain minibatch gradients
         if kind == "SGHMC":
             kernel = SGHMC(model, step_size=0.3, friction=1.0, **fixed)
         else:
@@ -292,13 +284,11 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, harness.RESULTS / "accuracy_vs_nuts.json", "N = 10^4 only (nothing written)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10**5, 10**6, 10**7])
     parser.add_argument("--nuts-max-n", type=int, default=10**6, help="largest N at which NUTS runs in full")
-    parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--plain-at-largest", action="store_true",
                         help="also run plain SGHMC and SGLD at N = 10^7 (10 minutes each)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "accuracy_vs_nuts.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "_static" / "accuracy_vs_nuts.png")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out's results")
     parser.add_argument("--merge", action="store_true",
@@ -314,7 +304,7 @@ def main(argv=None):
     results = {"tolerance_sd": TOLERANCE, "dim": D, "sizes": {}}
     for n in sizes:
         pyro.set_rng_seed(0)
-        load = os.getloadavg()
+        load = harness.load_average()
         x, y = make_data(n)
         ref_mean, ref_sd, curvature = reference(x, y)
         entry = {"load_before": load, "posterior_sd_median": float(ref_sd.median()),
@@ -347,7 +337,7 @@ def main(argv=None):
                 "iterations": base["NUTS"]["iterations"],
             }
             print(f"N={n:.0e} NUTS: extrapolated {entry['NUTS']['seconds']} s (gradient {factor:.1f}x N={base_n:.0e})")
-        entry["load_after"] = os.getloadavg()
+        entry["load_after"] = harness.load_average()
         for kind in SG_KINDS:
             if kind in entry and entry[kind]["seconds"] and entry["NUTS"].get("seconds"):
                 entry[f"NUTS_over_{kind}"] = entry["NUTS"]["seconds"] / entry[kind]["seconds"]
@@ -365,8 +355,7 @@ def main(argv=None):
                     if entry["NUTS"].get("seconds") and value.get("seconds"):
                         entry[f"NUTS_over_{kind}"] = entry["NUTS"]["seconds"] / value["seconds"]
     if not args.tiny:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1, default=str))
+        harness.write_json(args.out, results, indent=1)
         plot(results, args.plot)
         print(f"written: {args.out}, {args.plot}")
     return results
