@@ -31,8 +31,6 @@ Reproduce::
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
 import sys
@@ -52,6 +50,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from posteriordb_plain import build, least_squares_init, reference  # noqa: E402
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD  # noqa: E402
+
+if __package__:  # imported as benchmarks.preconditioning
+    from . import harness  # noqa: E402
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness  # noqa: E402
 
 FOLDERS = ["sblrc-blr", "kidiq-kidscore_interaction", "earnings-logearn_interaction_z", "diamonds-diamonds"]
 
@@ -156,10 +159,8 @@ def cv_run(X, y, mean, sd, cv, steps, warmup, step_size, batch, seed):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true")
+    parser = harness.parser(__doc__, Path("preconditioning_results.json"), "a few steps of each (smoke check)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("preconditioning_results.json"))
     parser.add_argument("--part", choices=["all", "posteriordb", "cv"], default="all")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--folders", nargs="*", default=FOLDERS)
@@ -182,8 +183,7 @@ def main(argv=None):
                 rows.append(run_nuts(folder, full, nuts_warmup, nuts_samples, args.seed))
                 print(folder, rows[-1], flush=True)
             results["posteriordb"][folder] = rows
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=1))
+            harness.write_json(args.out, results, indent=1)
     if args.part in ("all", "cv"):
         n, d, batch = (2000, 5, 20) if args.tiny else (100_000, 10, 100)
         steps, cv_warmup = (50, 20) if args.tiny else (2000, 500)
@@ -198,8 +198,7 @@ def main(argv=None):
                 results["cv"].append(row)
                 print(row, flush=True)
         results["cv_median_seconds"] = {f"cv={c} step={e}": statistics.median(v) for (c, e), v in timings.items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    harness.write_json(args.out, results, indent=1)
 
 
 if __name__ == "__main__":
