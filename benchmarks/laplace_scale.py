@@ -34,10 +34,8 @@ Reproduce::
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
-import platform
 import resource
 import statistics
 import time
@@ -52,6 +50,11 @@ from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.nn import PyroModule, PyroSample
 
 from pyro_sgmcmc.guides import AutoLaplace
+
+if __package__:  # imported as benchmarks.laplace_scale
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
 
 D_IN, HIDDEN = 100, 300
 
@@ -110,35 +113,6 @@ def fitted_guide(task, n, batch, curvature="diag_ggn", mc_fisher=False, seed=0):
     with torch.no_grad():
         guide.loc.mul_(0.1)  # a small random point, like a network initialisation
     return guide, model, x, y, guide.latent_dim
-
-
-def time_svi_epoch(task, n, batch) -> float:
-    guide, model, x, y, _ = fitted_guide(task, n, batch)
-    svi = SVI(model, guide, pyro.optim.SGD({"lr": 1e-9}), Trace_ELBO())  # timing only: a step too small to diverge
-    svi.step(x, y)  # warm-up
-    start = time.perf_counter()
-    for _ in range(n // batch):
-        svi.step(x, y)
-    return time.perf_counter() - start
-
-
-def time_torch_epoch(task, n, batch) -> float:
-    x, y, out = make_problem(task, n)
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(D_IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, HIDDEN),
-                              torch.nn.Tanh(), torch.nn.Linear(HIDDEN, out))  # fmt: skip
-    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, weight_decay=1.0 / n)
-    loss_fn = torch.nn.CrossEntropyLoss() if task == "classification" else torch.nn.MSELoss()
-    order = torch.randperm(n)
-    start = time.perf_counter()
-    for step in range(n // batch):
-        idx = order[step * batch : (step + 1) * batch]
-        optimizer.zero_grad()
-        f = net(x[idx])
-        loss = loss_fn(f, y[idx]) if task == "classification" else loss_fn(f.squeeze(-1), y[idx])
-        loss.backward()
-        optimizer.step()
-    return time.perf_counter() - start
 
 
 def _torch_epoch_timer(task, n, batch):
@@ -253,8 +227,7 @@ def in_fresh_process(threads, name, *args):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("laplace_scale_results.json"))
+    parser = harness.parser(__doc__, Path("laplace_scale_results.json"), tiny=None)
     parser.add_argument("--quick", action="store_true", help="N = 2,000, one repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
@@ -266,7 +239,7 @@ def main(argv=None) -> dict:
     variants = [("diag_ef", False), ("diag_ggn", False), ("diag_ggn", True), ("kron", False), ("kron", True)]
     results = {"config": {"N": n, "B": batch, "threads": args.threads, "repeats": repeats,
                           "network": f"{D_IN}-{HIDDEN}-{HIDDEN}-K tanh MLP"},
-               "versions": {"torch": torch.__version__, "pyro": pyro.__version__, "python": platform.python_version()},
+               "versions": harness.machine_info(),
                "tasks": {}}  # fmt: skip
     for task in args.tasks:
         memory = {}
@@ -294,8 +267,7 @@ def main(argv=None) -> dict:
             "pyro_autolaplace": pyro_cost,
         }
         print(json.dumps(results["tasks"][task], indent=1), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    harness.write_json(args.out, results)
     return results
 
 

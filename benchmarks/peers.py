@@ -74,37 +74,15 @@ from pyro_sgmcmc import MCMC, SGHMC
 from pyro_sgmcmc.model.potential import JitMode
 
 if __package__:  # imported as benchmarks.peers
-    from . import harness
-    from .models import (
-        BATCH,
-        FRICTION,
-        NUM_DATA,
-        SIZES,
-        STEP_SIZE,
-        dim,
-        log_likelihood,
-        make_data,
-        make_model,
-        mlp_energy,
-        shapes,
-        unpack,
-    )
+    from . import harness, models
 else:  # run as a script: benchmarks/ is on sys.path
     import harness
-    from models import (
-        BATCH,
-        FRICTION,
-        NUM_DATA,
-        SIZES,
-        STEP_SIZE,
-        dim,
-        log_likelihood,
-        make_data,
-        make_model,
-        mlp_energy,
-        shapes,
-        unpack,
-    )
+    import models
+
+# the MLP regression of models.py and its SGHMC settings
+BATCH, FRICTION, NUM_DATA, SIZES = models.BATCH, models.FRICTION, models.NUM_DATA, models.SIZES
+STEP_SIZE, dim, make_data, make_model = models.STEP_SIZE, models.dim, models.make_data, models.make_model
+shapes, unpack = models.shapes, models.unpack
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # tensordict's notices on import of posteriors
 
@@ -116,7 +94,7 @@ def hand_sghmc(x, y, hidden: int, init: torch.Tensor, seed: int, keep_draws: boo
     """Our SGHMC for K chains in plain PyTorch, written for speed (one chain: plain matrix products; K > 1:
     batched; the update as fused in-place operations). ``keep_draws``: also keep a copy of every draw, as an
     MCMC run that returns its draws must."""
-    energy = mlp_energy(x, y, hidden, init.shape[0])
+    energy = models.mlp_energy(x, y, hidden, init.shape[0])
     return harness.HandChains(
         energy, NUM_DATA, BATCH, init, seed, method="SGHMC", step_size=STEP_SIZE, friction=FRICTION,
         in_place=True, keep_draws=keep_draws,
@@ -139,7 +117,7 @@ class PosteriorsSGHMC:
         def log_posterior(params, batch):
             xb, yb = batch
             log_prior = sum((-0.5 * v * v - 0.5 * math.log(2 * math.pi)).sum() for v in params.values())
-            return ((NUM_DATA / BATCH) * log_likelihood(params, xb, yb) + log_prior) / NUM_DATA, torch.tensor([])
+            return ((NUM_DATA / BATCH) * models.log_likelihood(params, xb, yb) + log_prior) / NUM_DATA, torch.tensor([])
 
         self.log_posterior = log_posterior
         self.transform = self.sghmc.build(
