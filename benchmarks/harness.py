@@ -8,10 +8,11 @@ script reads as its question and its answer:
   given as a function, with the package's random streams, so it reproduces the kernels' trajectories;
 * timing: :func:`now` (wall clock and CPU time of the process), :func:`stepped` blocks with a time stamp after
   every step, :func:`rotating_rounds` (contenders interleaved, order rotating, page faults counted),
-  :func:`step_summary`, :func:`best_ms`, :func:`interleaved_best_ms`, :func:`paired_median`;
+  :func:`step_summary`, :func:`best_ms`, :func:`interleaved_best_ms`, :func:`paired_median`, :func:`timed`,
+  :func:`median_seconds`;
 * the machine: :func:`machine_info`, :func:`load_average`, :func:`package_fingerprint`, :func:`rss_bytes`;
 * results: :func:`parser` (the common flags), :func:`write_json`, :class:`Log`, :func:`rst_list_table`,
-  :func:`text_table`.
+  :func:`markdown_table`, :func:`text_table`.
 
 ``python benchmarks/harness.py --check`` runs the reference loops against the package's kernels on a small
 model (same start, same seed, fixed step size, no adaptation) and prints the largest position difference.
@@ -236,6 +237,18 @@ def best_ms(fn: Callable, number: int, repeat: int, clock: Callable[[], float] =
     return 1e3 * best
 
 
+def timed(fn: Callable[[], Any]) -> Tuple[Any, float]:
+    """``(fn(), wall seconds it took)``."""
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn``."""
+    return statistics.median(timed(fn)[1] for _ in range(repeats))
+
+
 def interleaved_best_ms(fns: Dict[str, Callable], number: int, repeat: int) -> Dict[str, float]:
     """:func:`best_ms` for several functions, block by block in turn, so background load hits them alike."""
     best = {name: math.inf for name in fns}
@@ -316,11 +329,11 @@ def parser(doc: str, out: Optional[Path], tiny: Optional[str] = "smallest sizes:
     return p
 
 
-def write_json(path: Path, results: Any, indent: int = 2) -> Path:
-    """Write ``results`` as JSON to ``path`` (parents made; anything not JSON written as its ``str``)."""
+def write_json(path: Path, results: Any, indent: int = 2, default: Callable[[Any], Any] = str) -> Path:
+    """Write ``results`` as JSON to ``path`` (parents made; anything not JSON written as ``default(value)``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=indent, default=str))
+    path.write_text(json.dumps(results, indent=indent, default=default))
     return path
 
 
@@ -341,6 +354,12 @@ def rst_list_table(caption: str, header: Sequence[str], rows: Sequence[Sequence[
     for row in [header, *rows]:
         lines += [f"   * - {row[0]}"] + [f"     - {cell}" for cell in row[1:]]
     return "\n".join(lines) + "\n"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown (GitHub) table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

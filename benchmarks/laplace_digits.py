@@ -39,8 +39,6 @@ Writes ``benchmarks/laplace_digits_results.json`` (``--out``).
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 import warnings
 from pathlib import Path
@@ -53,6 +51,11 @@ from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.nn import PyroModule, PyroSample
 
 from pyro_sgmcmc.guides import AutoLaplace
+
+if __package__:  # imported as benchmarks.laplace_digits
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
 
 NUM_BINS = 15
 
@@ -119,12 +122,6 @@ def scores(probs: torch.Tensor, y: torch.Tensor) -> dict:
     }
 
 
-def _timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
-
-
 # ---------------------------------------------------------------------------------- ours
 def fit_map(net, data, steps: int, seed: int):
     pyro.clear_param_store()
@@ -143,13 +140,13 @@ def laplace_rows(net, map_loc, data, name, curvature, subset, modes) -> list:
     guide = AutoLaplace(net, curvature=curvature, subset_of_weights=subset, disable_progbar=True)
     guide(data["x"], data["y"])
     guide.loc.data = map_loc.clone()
-    laplace, fit_time = _timed(lambda: guide.laplace_approximation(data["x"], data["y"]))
+    laplace, fit_time = harness.timed(lambda: guide.laplace_approximation(data["x"], data["y"]))
     laplace.set_prior_precision(1.0)
     rows = [_our_row(f"{name}, prior", laplace, net, data, fit_time, 0.0)]
     for mode in modes:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            optimum, tune_time = _timed(lambda: laplace.optimize_prior_precision(mode))
+            optimum, tune_time = harness.timed(lambda: laplace.optimize_prior_precision(mode))
         row = _our_row(f"{name}, tuned ({mode})", laplace, net, data, fit_time, tune_time)
         row["warnings"] = [str(w.message) for w in caught]
         rows.append(row)
@@ -165,7 +162,8 @@ def _precision_summary(laplace) -> str:
 
 
 def _our_row(label, laplace, net, data, fit_time, tune_time) -> dict:
-    probs, predict_time = _timed(lambda: laplace.predict(logits_fn(net), data["x_test"], link="probit", batch_size=64))
+    predict = lambda: laplace.predict(logits_fn(net), data["x_test"], link="probit", batch_size=64)  # noqa: E731
+    probs, predict_time = harness.timed(predict)
     return {
         "method": label,
         "library": "pyro_sgmcmc",
@@ -190,7 +188,7 @@ def online_row(args, data) -> dict:
     pyro.set_rng_seed(args.seed)
     net = Mlp(args.hidden, args.batch_size)
     guide = AutoLaplace(net, curvature="kron", init_loc_fn=init_to_sample, disable_progbar=True)
-    laplace, train_time = _timed(
+    laplace, train_time = harness.timed(
         lambda: guide.marglik_training(
             data["x"], data["y"], num_steps=args.map_steps, optim=pyro.optim.Adam({"lr": 1e-2}),
             mode="site", hyper_every=args.hyper_every, hyper_steps=10, hyper_lr=0.1,
@@ -231,9 +229,9 @@ def laplace_torch_rows(args, params: dict, data) -> list:
             sequential_from(params, args.hidden), "classification", subset_of_weights=subset,
             hessian_structure=structure, prior_precision=1.0,
         )  # fmt: skip
-        _, fit_time = _timed(lambda: la.fit(loader))
+        _, fit_time = harness.timed(lambda: la.fit(loader))
         rows.append(_their_row(f"{label}, prior", la, data, fit_time, 0.0))
-        _, tune_time = _timed(lambda: la.optimize_prior_precision(method="marglik", pred_type="glm"))
+        _, tune_time = harness.timed(lambda: la.optimize_prior_precision(method="marglik", pred_type="glm"))
         rows.append(_their_row(f"{label}, tuned (scalar)", la, data, fit_time, tune_time))
     if not args.skip_laplace_torch_marglik:
         torch.manual_seed(args.seed)
@@ -251,7 +249,7 @@ def laplace_torch_rows(args, params: dict, data) -> list:
 
 def _their_row(label, la, data, fit_time, tune_time) -> dict:
     with torch.no_grad():
-        probs, predict_time = _timed(lambda: la(data["x_test"], pred_type="glm", link_approx="probit"))
+        probs, predict_time = harness.timed(lambda: la(data["x_test"], pred_type="glm", link_approx="probit"))
     precision = la.prior_precision.detach().reshape(-1)
     summary = f"{precision[0].item():.4g}" if precision.numel() == 1 else ", ".join(f"{v:.3g}" for v in precision)
     return {
@@ -268,31 +266,25 @@ def _their_row(label, la, data, fit_time, tune_time) -> dict:
 
 # ---------------------------------------------------------------------------------- report
 def markdown(rows: list) -> str:
-    lines = [
-        "| library | method | accuracy | mean confidence | NLL | ECE | log evidence | prior precision | fit s | tune s "
-        "| predict s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        evidence = "" if r["log_evidence"] is None else f"{r['log_evidence']:.1f}"
-        lines.append(
-            f"| {r['library']} | {r['method']} | {r['accuracy']:.4f} | {r['mean_confidence']:.4f} | {r['nll']:.4f} | "
-            f"{r['ece']:.4f} | "
-            f"{evidence} | {r['prior_precision']} | {r['fit_s']:.2f} | {r['tune_s']:.2f} | {r['predict_s']:.2f} |"
-        )
-    return "\n".join(lines)
+    header = ["library", "method", "accuracy", "mean confidence", "NLL", "ECE", "log evidence", "prior precision",
+              "fit s", "tune s", "predict s"]  # fmt: skip
+    return harness.markdown_table(header, [
+        [r["library"], r["method"], f"{r['accuracy']:.4f}", f"{r['mean_confidence']:.4f}", f"{r['nll']:.4f}",
+         f"{r['ece']:.4f}", "" if r["log_evidence"] is None else f"{r['log_evidence']:.1f}", r["prior_precision"],
+         f"{r['fit_s']:.2f}", f"{r['tune_s']:.2f}", f"{r['predict_s']:.2f}"]
+        for r in rows
+    ])  # fmt: skip
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="300 training images, 8 hidden units, 100 steps")
+    default_out = Path(__file__).with_name("laplace_digits_results.json")
+    parser = harness.parser(__doc__, default_out, "300 training images, 8 hidden units, 100 steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--map-steps", type=int, default=3000, help="Adam steps of the MAP fit (default 3000)")
     parser.add_argument("--hyper-every", type=int, default=100, help="online marglik: evidence steps every ... steps")
     parser.add_argument("--skip-laplace-torch-marglik", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("laplace_digits_results.json"))
     args = parser.parse_args(argv)
     if args.tiny:
         args.hidden, args.map_steps, args.hyper_every = 8, 100, 25
@@ -333,7 +325,7 @@ def run(args) -> dict:
         "table": table,
     }  # fmt: skip
     results["config"]["out"] = args.out.name
-    args.out.write_text(json.dumps(results, indent=2, default=float))
+    harness.write_json(args.out, results, default=float)
     return results
 
 

@@ -32,10 +32,8 @@ Writes ``benchmarks/laplace_speed_results.json`` (``--out``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
-import statistics
 import time
 from pathlib import Path
 
@@ -49,19 +47,12 @@ from pyro.nn import PyroModule, PyroSample
 from pyro_sgmcmc import ModelPotential
 from pyro_sgmcmc.guides import AutoLaplace
 
-try:
-    from benchmarks.laplace_digits import Mlp, load_data, logits_fn
-except ImportError:  # run as a script from benchmarks/
+if __package__:  # imported as benchmarks.laplace_speed
+    from . import harness
+    from .laplace_digits import Mlp, load_data, logits_fn
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
     from laplace_digits import Mlp, load_data, logits_fn
-
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 # ---------------------------------------------------------------------------------- 1. MAP step
@@ -124,7 +115,7 @@ def map_step_times(args) -> dict:
         ("torch loop", run_torch),
     ]
     for name, fn in timed:
-        results[name] = 1e3 * _median_time(fn, args.repeats) / args.steps
+        results[name] = 1e3 * harness.median_seconds(fn, args.repeats) / args.steps
     results["compiled"] = bool(potential.compiled)
     # a whole fit of --fit-steps steps (fit_map's one-off compilation included), seconds
     results["whole_fit_steps"] = args.fit_steps
@@ -133,7 +124,7 @@ def map_step_times(args) -> dict:
         ("whole_fit_s_fit_map", lambda: guide.fit_map(x, y, num_steps=args.fit_steps, jit_compile=True)),
         ("whole_fit_s_torch_loop", lambda: [run_torch_steps(1) for _ in range(args.fit_steps)]),
     ]:
-        results[name] = _median_time(fn, 1)
+        results[name] = harness.median_seconds(fn, 1)
     return results
 
 
@@ -179,7 +170,7 @@ def predictive_times(args) -> dict:
         laplace.set_prior_precision(1.0)
         row = {"num_weights": int(laplace.loc.numel()), "fit_s": fit}
         print(curvature, "fit", fit, flush=True)
-        row["predict_s"] = _median_time(
+        row["predict_s"] = harness.median_seconds(
             lambda: laplace.predict(logits_fn(net), x_test, link="probit", batch_size=32), args.predict_repeats
         )
         if laplace_torch is not None:
@@ -205,7 +196,7 @@ def predictive_times(args) -> dict:
                     chunks = [x_test[i : i + 32] for i in range(0, len(x_test), 32)]
                     return torch.cat([la(chunk, pred_type="glm", link_approx="probit") for chunk in chunks])
 
-            row["laplace_torch_predict_s"] = _median_time(their_predict, args.predict_repeats)
+            row["laplace_torch_predict_s"] = harness.median_seconds(their_predict, args.predict_repeats)
             ours = laplace.predict(logits_fn(net), x_test, link="probit", batch_size=32)
             row["max_abs_probability_difference"] = float((ours - their_predict()).abs().max())
         row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
@@ -215,8 +206,7 @@ def predictive_times(args) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true")
+    parser = harness.parser(__doc__, Path(__file__).with_name("laplace_speed_results.json"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=200)
@@ -228,7 +218,6 @@ def parse_args(argv=None):
     parser.add_argument("--digits-hidden", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=500, help="width of the predictive benchmark's MLP")
     parser.add_argument("--num-test", type=int, default=450)
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("laplace_speed_results.json"))
     args = parser.parse_args(argv)
     if args.tiny:
         args.steps, args.repeats, args.hidden, args.num_test, args.fit_steps = 20, 1, 20, 50, 50
@@ -244,11 +233,11 @@ def main(argv=None) -> dict:
     results["map_step_ms"] = map_step_times(args)
     print("MAP step (ms):", json.dumps(results["map_step_ms"]))
     if args.skip_predictive:
-        args.out.write_text(json.dumps(results, indent=2))
+        harness.write_json(args.out, results)
         return results
     results["glm_predictive"] = predictive_times(args)
     print("GLM predictive:", json.dumps(results["glm_predictive"], indent=1))
-    args.out.write_text(json.dumps(results, indent=2))
+    harness.write_json(args.out, results)
     return results
 
 
