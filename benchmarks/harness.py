@@ -38,7 +38,6 @@ import pyro
 import torch
 
 import pyro_sgmcmc
-from pyro_sgmcmc.chains.streams import chain_seed
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -93,6 +92,8 @@ class HandChains:
         in_place: bool = False,
         keep_draws: bool = False,
     ):
+        from pyro_sgmcmc.chains.streams import chain_seed  # here: storage.py may time an older package
+
         if method not in ("SGLD", "SGHMC", "SGNHT"):
             raise ValueError(f"method must be SGLD, SGHMC or SGNHT; got {method!r}")
         self.energy, self.method, self.in_place = energy, method, in_place

@@ -25,7 +25,6 @@ Run::
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -39,15 +38,14 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGE = os.sysconf("SC_PAGE_SIZE")
+if __package__:  # imported as benchmarks.storage
+    from . import harness
+else:  # run as a script (or with benchmarks/ on sys.path, as tests/test_storage.py imports it)
+    import harness
+
+ROOT = harness.ROOT
 DIM, N, B = 144, 2000, 32
 REPEATS = 3
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
 
 
 def model(x, y):
@@ -79,13 +77,13 @@ def measure_memory(chains: int, draws: int) -> dict:
 
     def hook(kernel, params, stage, t):
         if stage == "Sample" and (t - 10) % every == 0:
-            readings.append((t - 9, rss_bytes()))  # (draws kept so far, RSS)
+            readings.append((t - 9, harness.rss_bytes()))  # (draws kept so far, RSS)
 
     mcmc = make_mcmc(chains, draws, hook)
     mcmc.run(*data())
-    after_run = rss_bytes()
+    after_run = harness.rss_bytes()
     samples = mcmc.get_samples(group_by_chain=True)
-    after_copy = rss_bytes()
+    after_copy = harness.rss_bytes()
     per_draw = chains * DIM * 4 + sum(v[:, 0].nelement() * v.element_size() for v in mcmc.sample_stats.values())
     (k0, r0), (k1, r1) = readings[0], readings[-1]
     return {
@@ -161,10 +159,8 @@ def _child(kind: str, *numbers: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--child", nargs="+")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "storage_results.json")
+    parser = harness.parser(__doc__, ROOT / "benchmarks" / "storage_results.json", "smaller runs (nothing written)")
+    parser.add_argument("--child", nargs="+", help="KIND NUMBERS...: one measurement (in this process)")
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
     if args.child:
@@ -174,7 +170,7 @@ def main(argv=None) -> dict:
         return result
     memory_runs = [(1, 2000), (256, 100)] if args.tiny else [(1, 50_000), (256, 4000)]
     steps = 200 if args.tiny else 2000
-    results = {"load_before": os.getloadavg(), "memory": [], "checkpoint": None}
+    results = {"load_before": harness.load_average(), "memory": [], "checkpoint": None}
     for chains, draws in memory_runs:
         r = _child("memory", chains, draws)
         results["memory"].append(r)
@@ -194,9 +190,9 @@ def main(argv=None) -> dict:
         f"{r['index_bytes'] / 1e3:.1f} kB, {r['num_chunks']} chunks {r['chunk_bytes'] / 1e6:.2f} MB for "
         f"{r['draw_bytes'] / 1e6:.2f} MB of draws"
     )
-    results["load_after"] = os.getloadavg()
+    results["load_after"] = harness.load_average()
     if not args.tiny:
-        args.out.write_text(json.dumps(results, indent=1))
+        harness.write_json(args.out, results, indent=1)
     if args.plot:
         plot(results, args.plot)
     return results
