@@ -32,7 +32,6 @@ Worker mode (what each torchrun process runs)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -44,6 +43,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's package, also when another copy is installed
+
+if __package__:  # imported as benchmarks.distributed_scaling
+    from . import harness  # noqa: E402
+else:  # run as a script (or by torchrun): benchmarks/ is on sys.path
+    import harness  # noqa: E402
 
 
 def logistic_model(x, y, batch):
@@ -83,11 +87,10 @@ def worker(args) -> None:
     stamps = []
 
     def hook(kernel, params, phase, step):
-        stamps.append((time.perf_counter(), time.process_time()))
+        stamps.append(harness.now())
 
     steps = args.skip + args.steps
-    fixed = dict(adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)  # as measured in the docs
-    kernel = SGHMC(logistic_model, step_size=1e-2, friction=1.0, **fixed)
+    kernel = SGHMC(logistic_model, step_size=1e-2, friction=1.0, **harness.SAME_MATHS)  # as measured in the docs
     if args.mode == "chains":
         mcmc = DistributedMCMC(kernel, num_samples=steps, warmup_steps=0, num_chains=args.chains, seed=0,
                                hook_fn=hook, disable_progbar=True, keep_last=1)  # fmt: skip
@@ -97,15 +100,13 @@ def worker(args) -> None:
         mcmc = MCMC(data_parallel(kernel), num_samples=steps, warmup_steps=0, num_chains=args.dp_chains,
                     chain_method="vectorized", seed=0, hook_fn=hook, disable_progbar=True, keep_last=1)  # fmt: skip
         mcmc.run(x, y, args.dp_batch // world)
-    wall = [b[0] - a[0] for a, b in zip(stamps[args.skip :], stamps[args.skip + 1 :])]
-    cpu = [b[1] - a[1] for a, b in zip(stamps[args.skip :], stamps[args.skip + 1 :])]
-    timing = torch.tensor([statistics.median(wall), statistics.median(cpu)], dtype=torch.float64)
+    step = harness.step_summary(stamps, stamps[0], args.skip)  # the median step after the first ``skip``
+    timing = torch.tensor([step["median_ms"] / 1e3, step["cpu_median_ms"] / 1e3], dtype=torch.float64)
     gathered = [torch.zeros_like(timing) for _ in range(world)]
     dist.all_gather(gathered, timing)
     if rank == 0:
-        Path(args.out).write_text(
-            json.dumps({"wall": float(gathered[0][0]), "cpu": max(float(t[1]) for t in gathered), "world": world})
-        )
+        timings = {"wall": float(gathered[0][0]), "cpu": max(float(t[1]) for t in gathered), "world": world}
+        harness.write_json(args.out, timings)
     dist.barrier()  # everyone is done before the group goes away
     dist.destroy_process_group()
     # torch 2.13 + gloo: a process that used collectives sometimes aborts during interpreter
@@ -135,11 +136,10 @@ def run_once(args, mode: str, nprocs: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, ROOT / "benchmarks" / "distributed_scaling_results.json",
+                            "small sizes, 1 repeat: a smoke test")  # fmt: skip
     parser.add_argument("--worker", action="store_true", help="run as one torchrun process")
     parser.add_argument("--mode", choices=["chains", "data"], default="chains")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "distributed_scaling_results.json"))
-    parser.add_argument("--tiny", action="store_true", help="small sizes, 1 repeat: a smoke test")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-data", type=int, default=100_000)
     parser.add_argument("--features", type=int, default=200)
@@ -184,10 +184,9 @@ def main() -> None:
         print(f"{mode:8s} {row['wall_ms_1']:9.1f} ({row['cpu_ms_1']:.1f}) {row['wall_ms_2']:9.1f} "
               f"({row['cpu_ms_2']:.1f}) {row['speedup_wall']:6.2f}x ({row['speedup_cpu']:.2f}x)")  # fmt: skip
     settings = {k: v for k, v in vars(args).items() if k not in ("forward", "worker", "out", "mode")}
-    load = os.getloadavg()
+    load = harness.load_average()
     result = {"settings": settings, "summary": summary, "runs": runs, "load_average_at_end": load}
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}; load average {load}")
+    print(f"wrote {harness.write_json(args.out, result)}; load average {load}")
 
 
 if __name__ == "__main__":

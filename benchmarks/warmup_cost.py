@@ -19,8 +19,6 @@ by the mass matrix's product and the jump check.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
@@ -30,6 +28,11 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_sgmcmc import SGHMC
+
+if __package__:  # imported as benchmarks.warmup_cost
+    from . import harness
+else:  # run as a script: benchmarks/ is on sys.path
+    import harness
 
 
 def make_model(n: int, d: int, batch: int, seed: int = 0):
@@ -69,12 +72,10 @@ def timed_run(kernel, warmup: int, samples: int, block: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true")
+def main(argv=None) -> dict:
+    parser = harness.parser(__doc__, None, "N = 2,000, 200 + 200 steps: a smoke test")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     n, warmup, samples = (2000, 200, 200) if args.tiny else (10_000, 2000, 5000)
     block = samples // max(2, args.repeats)
@@ -82,9 +83,7 @@ def main() -> None:
     kernels = {
         "defaults": lambda: SGHMC(model),
         "defaults, no control variate": lambda: SGHMC(model, control_variate=None),
-        "fixed": lambda: SGHMC(
-            model, step_size=0.01, adapt_step_size=False, adapt_mass_matrix=False, control_variate=None
-        ),
+        "fixed": lambda: SGHMC(model, step_size=0.01, **harness.SAME_MATHS),
     }
     results = {}
     for name, make in kernels.items():
@@ -95,8 +94,8 @@ def main() -> None:
             f"sampling {r['ms_per_sampling_step']:.3f} ms/step (min {r['ms_per_sampling_step_min']:.3f})"
         )
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+        harness.write_json(args.out, results)
+    return results
 
 
 if __name__ == "__main__":
