@@ -20,6 +20,8 @@ import pyro
 import pyro.distributions as dist
 import torch
 
+from pyro_sgmcmc.kernels.diffusions import underdamped_step
+
 if __package__:
     from . import harness, models
     from . import vectorized_chains as vc
@@ -93,7 +95,8 @@ def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat:
 
     def ours_forward():
         with torch.no_grad():
-            return torch.func.vmap(kernel.potential._potential, randomness="different")(pos, idx)
+            potential = lambda z, i: -kernel.potential.log_density(z, i)  # noqa: E731
+            return torch.func.vmap(potential, randomness="different")(pos, idx)
 
     def hand_forward():
         with torch.no_grad():
@@ -149,9 +152,10 @@ def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat:
         ),
         "hand: noise (256 generators)": hand.noise,
         "one global torch.randn of the same size (reference)": lambda: torch.randn(pos.shape),
-        "ours: SGHMC update (underdamped_step, drift -grad/N scaled in its pass)": lambda: kernel._transition(
-            state, grad, vc.STEP_SIZE, noise, -1.0 / kernel.potential.num_data
-        ),
+        "ours: SGHMC update (underdamped_step, drift -grad/N scaled in its pass)": lambda: underdamped_step(
+            state.position, state.momentum, grad, vc.STEP_SIZE, kernel.noise_temperature, kernel.friction,
+            kernel.mass, noise, -1.0 / kernel.potential.num_data,
+        ),  # fmt: skip
         "in-place fused SGHMC update (reference)": fused_update,
         "ours: finite check, one sum and one read: isfinite(float(grad.sum() + U.sum()))": lambda: math.isfinite(
             float(grad.sum() + state.potential.sum())

@@ -44,6 +44,7 @@ class PrototypeStep:
 
     def __init__(self, kernel, fused_update: bool = False, cheap_finite: bool = False, split_unpack: bool = False):
         self.kernel, self.fused_update, self.cheap_finite = kernel, fused_update, cheap_finite
+        self.inverse_num_data = 1.0 / kernel.potential.num_data
         if split_unpack:
             potential = kernel.potential
             potential.log_density = _split_log_density.__get__(potential)  # this instance only
@@ -55,11 +56,11 @@ class PrototypeStep:
         noise = k.generators.normal(state.position.shape[1:], state.position.dtype)
         if self.fused_update:
             momentum = state.momentum.mul(1.0 - eps * k.friction / k.mass)
-            momentum.add_(state.grad, alpha=-eps * k._inverse_num_data)
+            momentum.add_(state.grad, alpha=-eps * self.inverse_num_data)
             momentum.add_(noise, alpha=math.sqrt(2.0 * eps * k.noise_temperature * k.friction))
             position = state.position.add(momentum, alpha=eps / k.mass)
         else:
-            drift = state.grad * (-k._inverse_num_data)
+            drift = state.grad * (-self.inverse_num_data)
             position, momentum = underdamped_step(
                 state.position, state.momentum, drift, eps, k.noise_temperature, k.friction, k.mass, noise
             )
