@@ -2,9 +2,9 @@
 
 For two models, the time of one step (minibatch draw, log density, gradient, update) of:
 
-* ``hand``: a plain PyTorch loop: ``torch.randperm`` for the minibatch, the log density written by
-  hand with ``torch.distributions`` (validation off), ``torch.autograd.grad`` on a flat parameter
-  vector, and the SGLD / SGHMC update written out;
+* ``hand``: a plain PyTorch loop (``harness.HandChains``, one chain): ``torch.randperm`` for the
+  minibatch, the log density written by hand with ``torch.distributions`` (validation off),
+  ``torch.autograd.grad`` on a flat parameter vector, and the SGLD / SGHMC update written out;
 * ``direct``: ``kernel.setup(...)`` once, then ``params = kernel.sample(params)`` in a loop, with
   Pyro's distribution validation on (Pyro's default outside ``MCMC``) and off;
 * ``MCMC``: ``pyro.infer.MCMC(kernel, ...).run(...)`` with ``disable_progbar=True`` (MCMC turns
