@@ -160,10 +160,10 @@ def _reference_potential(potential, model, args, z, indices):
 
 
 def test_fast_normal_priors_equal_pyro_log_prob():
-    """The latent sites' Normal priors are evaluated in a cheaper form (_StandardNormalForm); it must
+    """The latent sites' Normal priors are evaluated in a cheaper form (StandardNormalForm); it must
     give Pyro's value and gradient (to float32 round-off) for constant zero/unit parameters, constant
     other parameters, and parameters that depend on other latents (batched under vmap)."""
-    from pyro_sgmcmc.model.potential import _StandardNormalForm
+    from pyro_sgmcmc.model.priors import StandardNormalForm
 
     torch.manual_seed(0)
     x = torch.randn(200, 3)
@@ -193,7 +193,7 @@ def test_fast_normal_priors_equal_pyro_log_prob():
     assert torch.allclose(single_grad, grad[:1], rtol=1e-6, atol=1e-6)
     # the stand-in really is used for the three Normal sites (otherwise this test checks nothing)
     trace = poutine.trace(potential._conditioned_model).get_trace(x, y)
-    swapped = {name for name, node in trace.nodes.items() if isinstance(node.get("fn"), _StandardNormalForm)}
+    swapped = {name for name, node in trace.nodes.items() if isinstance(node.get("fn"), StandardNormalForm)}
     assert swapped == {"m", "w", "v"}
 
 
@@ -333,11 +333,11 @@ def test_auto_leaves_value_dependent_control_flow_uncompiled_without_a_warning()
 # ---------------------------------------------------------------------- standard Normal priors in one product
 def test_standard_priors_summed_in_one_product_equal_pyro_log_prob():
     """Latent sites with a constant zero-mean Normal prior on a real value are summed in one dot product of
-    the flat position (_StandardPriors). Against Pyro's own trace sum (value and gradient, float32 round-off)
+    the flat position (StandardPriors). Against Pyro's own trace sum (value and gradient, float32 round-off)
     for: all sites standard with one sigma, mixed sigmas next to a constrained site, a prior whose constant
     changes between calls (then evaluated the ordinary way, so the value follows the model), a prior under
     poutine.scale (not deferred: its scale must apply), and vmapped chains."""
-    from pyro_sgmcmc.model.potential import _StandardPriors
+    from pyro_sgmcmc.model.priors import StandardPriors
 
     torch.manual_seed(0)
     x = torch.randn(100, 3)
@@ -380,7 +380,7 @@ def test_standard_priors_summed_in_one_product_equal_pyro_log_prob():
                 one = potential.potential_and_grad(positions[c], {"data": indices["data"][c]})
                 assert torch.allclose(one[0], expected.detach(), rtol=1e-5)
                 assert torch.allclose(one[1], expected_grad, rtol=1e-5, atol=1e-4)
-    assert isinstance(potential._log_joint.standard, _StandardPriors)
+    assert isinstance(potential._log_joint.standard, StandardPriors)
 
 
 def _regression(n: int, batch: int, seed: int = 0):
@@ -447,17 +447,17 @@ def test_initial_position_does_not_draw_a_full_permutation(monkeypatch):
 
 
 def test_constant_scalar_finds_the_one_value_of_a_broadcast_constant_without_reading_it():
-    from pyro_sgmcmc.model.potential import _constant_scalar
+    from pyro_sgmcmc.model.priors import constant_scalar
 
     expanded = dist.Normal(0.5, 2.0).expand([3, 4]).scale  # a view of the 0-d tensor made from 2.0
-    assert expanded._base is not None and _constant_scalar(expanded) is expanded._base
-    assert float(_constant_scalar(expanded)) == 2.0
-    assert float(_constant_scalar(torch.tensor(1.5))) == 1.5  # a 0-d tensor itself
+    assert expanded._base is not None and constant_scalar(expanded) is expanded._base
+    assert float(constant_scalar(expanded)) == 2.0
+    assert float(constant_scalar(torch.tensor(1.5))) == 1.5  # a 0-d tensor itself
     picked = torch.tensor([1.0, 7.0, 3.0])[1:2].expand(5)  # a view of a 3-element tensor: the general path
-    assert _constant_scalar(picked).dim() == 0 and float(_constant_scalar(picked)) == 7.0
-    assert _constant_scalar(torch.tensor([1.0, 2.0])) is None  # varies
-    assert _constant_scalar(torch.tensor(1.0, requires_grad=True).expand(3)) is None  # differentiated
-    assert _constant_scalar(torch.zeros(0)) is None  # no element
+    assert constant_scalar(picked).dim() == 0 and float(constant_scalar(picked)) == 7.0
+    assert constant_scalar(torch.tensor([1.0, 2.0])) is None  # varies
+    assert constant_scalar(torch.tensor(1.0, requires_grad=True).expand(3)) is None  # differentiated
+    assert constant_scalar(torch.zeros(0)) is None  # no element
 
 
 def test_standard_priors_checked_after_the_run_fall_back_when_the_model_changes_at_a_step():
@@ -508,14 +508,14 @@ def test_standard_priors_checked_after_the_run_fall_back_when_the_model_changes_
 def test_standard_priors_one_tensor_comparison_off_the_cpu():
     """Constants off the CPU are compared in one tensor operation (one device sync per call): exercised on
     the CPU by marking the expected constants as living on a (CPU) device object."""
-    from pyro_sgmcmc.model.potential import _StandardPriors
+    from pyro_sgmcmc.model.priors import StandardPriors
 
     def model():
         pyro.sample("a", dist.Normal(0.0, 1.0))
         pyro.sample("b", dist.Normal(0.0, 3.0).expand([2]).to_event(1))
 
     potential = ModelPotential(model)
-    standard: _StandardPriors = potential._log_joint.standard
+    standard: StandardPriors = potential._log_joint.standard
     names = ("a", "b")
     values, _ = standard._expected_constants(names)
     standard._expected[names] = (values, torch.device("cpu"))
@@ -558,12 +558,12 @@ def test_out_of_memory_reaches_the_user_and_keeps_vmap(error, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(potential, "_batched_fn", out_of_memory)
+    monkeypatch.setattr(potential.vectorized, "_over_chains", out_of_memory)
     with pytest.raises(type(error)):
         potential.batched_potential_and_grad(positions, indices)
     with pytest.raises(type(error)):  # still tried vectorised (no silent switch to one chain at a time)
         potential.batched_potential_and_grad(positions, indices)
-    monkeypatch.setattr(potential, "_summed_fn", out_of_memory)
-    monkeypatch.setattr(potential, "_summable", True)
+    monkeypatch.setattr(potential.vectorized, "_over_minibatches", out_of_memory)
+    monkeypatch.setattr(potential.vectorized, "summable", True)
     with pytest.raises(type(error)):
         potential.summed_potential_and_grad(positions[0], indices)
