@@ -18,7 +18,7 @@ Most SG-MCMC models put ``Normal`` priors on their latent sites. Evaluated as Py
             \\qquad W = \\mathrm{diag}(\\sigma_{s(i)}^{-2}).
 
 "Constant" means: the parameter depends on no input of the evaluation (no gradient at any level, no
-vmapped chain dimension), which :mod:`pyro_sgmcmc._compat` tells.
+vmapped chain dimension), which ``pyro_sgmcmc/_compat.py`` tells.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pyro
 import torch
 from pyro.poutine.messenger import Messenger
 
-from .._compat import is_batched, plain_view_base, unwrapped_constant
+from .._compat import is_batched, unwrapped_constant
 
 __all__ = ["FastNormalPriors", "StandardNormalForm", "StandardPriors", "constant_scalar", "normal_base"]
 
@@ -134,21 +134,17 @@ def constant_scalar(tensor: torch.Tensor) -> Optional[torch.Tensor]:
     that shares its storage, without reading it (no copy, no device sync); ``None`` for anything else.
 
     ``dist.Normal(0., 1.).expand(shape)`` holds views, all strides zero, of the 0-d tensors made from the
-    Python floats: the tensor they view is that 0-d tensor. Recognising this takes a few attribute reads, far
-    fewer than indexing; any other tensor takes the general path."""
-    base = plain_view_base(tensor)
-    if (
-        base is not None
-        and base.dim() == 0
-        and not any(tensor.stride())
-        and tensor.storage_offset() == base.storage_offset()
-    ):  # every element is the base's one element
-        return base
+    Python floats: one strided view of the element at the storage offset is that value (0.6 us, where
+    reading the tensor it views would save 0.65 us more per call but take a private attribute)."""
+    if tensor.requires_grad:
+        return None
     tensor = unwrapped_constant(tensor)  # a differentiated or vmapped tensor is not a constant
     if tensor is None:
         return None
     if tensor.dim() == 0:
         return tensor
+    if not any(tensor.stride()):
+        return tensor.as_strided((), ()) if tensor.numel() else None
     for stride, size in zip(tensor.stride(), tensor.shape):
         if size != 1 and (stride or not size):  # a varying axis, or no element at all
             return None
