@@ -65,6 +65,7 @@ class PlateChunks:
     def rows(self, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
         """Chunks ``start`` to ``stop`` as a ``(stop - start, subsample_size)`` LongTensor."""
         stop = self.num_chunks if stop is None else min(stop, self.num_chunks)
+        start = min(start, stop)
         if self._starts is not None:
             return self._starts[start:stop].unsqueeze(-1) + self._arange
         ks = torch.arange(start, stop, device=self._arange.device)
