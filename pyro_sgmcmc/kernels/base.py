@@ -113,7 +113,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
         self.model = model
         self.step_size = as_schedule(DEFAULT_STEP_SIZE if step_size is None else step_size, "step_size")
-        self.given_step_size = step_size
+        self._given_step_size = step_size
         checks.check_adaptation(step_size, adapt_step_size, adapt_mass_matrix, full_mass)
         self.adapt_step_size, self.adapt_mass_matrix, self.full_mass = adapt_step_size, adapt_mass_matrix, full_mass
         self.control_variate = checks.check_control_variate(control_variate)
@@ -172,7 +172,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         kernel's own arguments (friction, mass, ...). Nothing a run adapts or draws is included.
         """
         settings = {
-            "step_size": self.given_step_size,
+            "step_size": self._given_step_size,
             "adapt_step_size": self.adapt_step_size,
             "adapt_mass_matrix": self.adapt_mass_matrix,
             "full_mass": self.full_mass,
@@ -368,6 +368,10 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
 
     def _transition(self, state, drift, step_size, noise, drift_scale: float = 1.0, out=None):
         return self.transition(state, drift, step_size, noise, drift_scale, out)
+
+    @property
+    def _adaptation(self):  # benchmarks/preconditioning.py
+        return self.warmup.adaptation
 
 
 SGMCMCKernel.__signature__ = checks.kernel_signature(SGMCMCKernel.__init__, SGMCMCKernel.configure_dynamics)

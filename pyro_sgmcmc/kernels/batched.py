@@ -28,7 +28,7 @@ from . import arguments as checks
 from .control_variates import ControlVariate
 from .divergences import DivergenceRecord
 from .gradients import GradientEstimator, MinibatchGradient
-from .initialisation import initial_positions, preserved_global_rng, superchain_ids
+from .initialisation import global_superchain_ids, initial_positions, preserved_global_rng
 from .state import SGMCMCState
 
 __all__ = ["BatchedChains"]
@@ -157,7 +157,7 @@ class BatchedChains:
         self.superchain_ids = torch.arange(num_chains) // (num_chains // num_superchains)
         positions = self.initial_positions(
             initial_params, num_chains, num_superchains, seed=seed,
-            superchain_ids=superchain_ids(num_chains, num_superchains, chain_ids),
+            superchain_ids=global_superchain_ids(num_chains, num_superchains, chain_ids),
         )  # fmt: skip
         self.gradient_estimator = self._setup_control_variate(positions)
         if self.init_to_centre:  # Baker et al. (2019) start SGLD-CV at the MAP: burn-in then only spreads the chains

@@ -19,7 +19,7 @@ import torch
 
 from ..chains.streams import chain_seed
 
-__all__ = ["initial_positions", "superchain_ids", "seeded_global_rng", "preserved_global_rng"]
+__all__ = ["initial_positions", "global_superchain_ids", "seeded_global_rng", "preserved_global_rng"]
 
 
 @contextlib.contextmanager
@@ -47,7 +47,7 @@ def seeded_global_rng(seed: Optional[int], superchain: int, device: torch.device
     return preserved_global_rng(device, chain_seed(seed, superchain))
 
 
-def superchain_ids(num_chains: int, num_superchains: int, chain_ids: Optional[Sequence[int]] = None) -> list:
+def global_superchain_ids(num_chains: int, num_superchains: int, chain_ids: Optional[Sequence[int]] = None) -> list:
     """The global id of each local superchain: its first chain's global id over the superchain size (chains of a
     superchain are consecutive, so a process holding a contiguous block of a run's chains gets the run's ids)."""
     size = num_chains // num_superchains

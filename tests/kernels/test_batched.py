@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT
-from pyro_sgmcmc.kernels.initialisation import superchain_ids
+from pyro_sgmcmc.kernels.initialisation import global_superchain_ids
 
 
 def _model(x, y):
@@ -96,7 +96,7 @@ def test_superchain_starts_depend_on_the_global_superchain_id_only():
     part = SGLD(_model, step_size=0.01)
     part.setup_chains(0, (x, y), {}, num_chains=4, num_superchains=2, seed=3, chain_ids=[4, 5, 6, 7])
     assert torch.equal(part.state.position, whole.state.position[4:])
-    assert superchain_ids(4, 2, [4, 5, 6, 7]) == [2, 3] and superchain_ids(8, 4) == [0, 1, 2, 3]
+    assert global_superchain_ids(4, 2, [4, 5, 6, 7]) == [2, 3] and global_superchain_ids(8, 4) == [0, 1, 2, 3]
     # the public method a data-parallel or distributed driver calls gives the same points
     starts = whole.initial_positions(None, 8, 4, seed=3)
     assert torch.equal(starts, whole.state.position)
