@@ -95,6 +95,8 @@ class SGLD(SGMCMCKernel):
         a hook changes). ``True`` compiles whenever the check passes and warns when it cannot.
         Vectorised chains use :func:`torch.func.vmap` and ignore it.
 
+    Notes
+    -----
     All arguments but ``model`` and ``step_size`` are keyword-only, in the same order in every kernel; the
     kernel's own (SGHMC's ``friction``, ...) follow them. The previous release's spellings (the arguments after
     ``step_size`` by position; ``start_at_centre``, ``initial_momentum``, ``initial_thermostat``) still work
