@@ -151,7 +151,7 @@ class _Converged(Exception):
 
 
 class ControlVariate:
-    """A fixed centre and the full-data potential and gradient there; evaluates the CV estimate.
+    """A fixed centre and the full-data potential and gradient there: the control-variate gradient estimator.
 
     Parameters
     ----------
@@ -211,10 +211,11 @@ class ControlVariate:
         self.centre_potential = saved["potential"].to(device)
         self.centre_grad = saved["grad"].to(device)
 
-    def __call__(
+    def potential_and_grad(
         self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """CV estimates ``(U, dU/dz)`` for ``(C, D)`` positions, each chain with its own minibatch."""
+        """CV estimates ``(U, dU/dz)`` for ``(C, D)`` positions, each chain with its own minibatch (the
+        :class:`~pyro_sgmcmc.kernels.gradients.GradientEstimator` protocol)."""
         C = positions.shape[0]
         if C == 1:  # one chain: two calls of the (compiled) one-chain potential beat one vectorised call
             index = {k: v[0] for k, v in indices.items()}
@@ -225,6 +226,8 @@ class ControlVariate:
         both: Dict[str, torch.Tensor] = {k: torch.cat([v, v]) for k, v in indices.items()}
         u, g = self.potential.batched_potential_and_grad(rows, both)
         return u[:C] - u[C:] + self.centre_potential, g[:C] - g[C:] + self.centre_grad
+
+    __call__ = potential_and_grad
 
 
 def _pack_constrained(potential: ModelPotential, centre, start: torch.Tensor) -> torch.Tensor:

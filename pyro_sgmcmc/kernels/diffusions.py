@@ -93,13 +93,11 @@ def nose_hoover_step(
     thermostat: torch.Tensor,
     drift: torch.Tensor,
     step_size: float,
-    noise_temperature: float,
-    diffusion: float,
-    mass: float,
+    noise_temperature: float, diffusion: float, mass: float,
     noise: Optional[torch.Tensor],
     drift_scale: float = 1.0,
     out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """One SGNHT step (stochastic-gradient Nose-Hoover thermostat, Ding et al. 2014).
 
     .. math::

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Union
+from typing import Dict
 
 import torch
-from pyro.infer.autoguide.initialization import init_to_uniform
 
-from ..model.potential import JitMode
-from ..schedules import Schedule
-from .base import _INITIAL_MOMENTA, SGMCMCKernel, SGMCMCState, _choice, _non_negative, _positive
+from .arguments import INIT_MOMENTA, choice, non_negative, positive, renamed_attribute
+from .base import SGMCMCKernel, SGMCMCState
 from .diffusions import kinetic_energy as _kinetic_energy
 from .diffusions import underdamped_step
 
@@ -35,11 +33,9 @@ class SGHMC(SGMCMCKernel):
 
     Parameters
     ----------
-    model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
-        As for :class:`~pyro_sgmcmc.SGLD`.
-    adapt_step_size, adapt_mass_matrix, full_mass, control_variate, start_at_centre :
-        As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
-        ``friction``) are in preconditioned units.
+    model, step_size, and the shared keyword arguments :
+        As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``, ``friction``) are in
+        preconditioned units.
     friction : float
         :math:`\\alpha \\ge 0`, in units of inverse (normalised) time: the momentum decays by
         :math:`1 - \\epsilon \\alpha / \\sigma^2` per step. Default 1: half the critical damping
@@ -47,68 +43,51 @@ class SGHMC(SGMCMCKernel):
         variance of about :math:`1 / N`).
     mass : float
         :math:`\\sigma^2 > 0`. Default 1.
-    initial_momentum : {"zero", "stationary"}
+    init_momentum : {"zero", "stationary"}
         Start at :math:`m = 0` (default, as SGD) or draw :math:`m \\sim \\mathcal{N}(0, \\sigma^2 T / N)`,
-        the stationary momentum at the chosen temperature.
+        the stationary momentum at the chosen temperature. (Was ``initial_momentum``.)
 
     Examples
     --------
+    Eight chains advanced together (what ``MCMC(..., chain_method="vectorized")`` does), each with its own noise
+    and minibatches; at ``temperature=0`` the same chains would follow SGD with momentum exactly.
+
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro.infer import MCMC
     >>> from pyro_sgmcmc import SGHMC
-    >>> def model(y):
-    ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
-    ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
-    ...         pyro.sample("obs", dist.Normal(mu, 1.), obs=y[idx])
-    >>> _ = pyro.set_rng_seed(0)
-    >>> y = 3. + torch.randn(100)
-    >>> mcmc = MCMC(SGHMC(model, step_size=0.05, friction=2.), num_samples=500, warmup_steps=200, disable_progbar=True)
-    >>> mcmc.run(y)
-    >>> abs(mcmc.get_samples()["mu"].mean() - y.mean()) < 0.1
-    tensor(True)
+    >>> def regression(x, y):
+    ...     w = pyro.sample("w", dist.Normal(0., 1.).expand([2]).to_event(1))
+    ...     with pyro.plate("rows", len(y), subsample_size=16) as i:
+    ...         pyro.sample("y", dist.Normal(x[i] @ w, 0.5), obs=y[i])
+    >>> x = torch.randn(400, 2, generator=torch.Generator().manual_seed(0))
+    >>> y = x @ torch.tensor([1.0, -1.0])
+    >>> kernel = SGHMC(regression, step_size=0.05, friction=2.0)
+    >>> kernel.setup_chains(100, (x, y), num_chains=8, seed=0)
+    >>> for _ in range(300):
+    ...     state = kernel.step()
+    >>> state.momentum.shape, bool((state.position.mean(0) - torch.tensor([1.0, -1.0])).abs().max() < 0.1)
+    (torch.Size([8, 2]), True)
     """
 
-    def __init__(
-        self,
-        model: Callable,
-        step_size: Union[None, float, Schedule, Callable[[int], float]] = None,
-        temperature: float = 1.0,
-        num_data: Optional[int] = None,
-        friction: float = 1.0,
-        mass: float = 1.0,
-        initial_momentum: str = "zero",
-        init_strategy: Callable = init_to_uniform,
-        on_divergence: str = "restart",
-        *,
-        adapt_step_size: bool = True,
-        adapt_mass_matrix: bool = True,
-        full_mass: Optional[bool] = None,
-        control_variate: Union[None, str, Dict[str, torch.Tensor]] = "auto",
-        start_at_centre: bool = False,
-        jit_compile: JitMode = "auto",
-    ) -> None:
-        super().__init__(
-            model,
-            step_size,
-            temperature,
-            num_data,
-            init_strategy,
-            on_divergence,
-            adapt_step_size=adapt_step_size,
-            adapt_mass_matrix=adapt_mass_matrix,
-            full_mass=full_mass,
-            control_variate=control_variate,
-            start_at_centre=start_at_centre,
-            jit_compile=jit_compile,
-        )
-        self.friction = _non_negative(friction, "friction", "the momentum damping alpha")
-        self.mass = _positive(mass, "mass")
-        self.initial_momentum = _choice(initial_momentum, "initial_momentum", _INITIAL_MOMENTA)
+    LEGACY_POSITIONAL = (
+        "temperature", "num_data", "friction", "mass", "initial_momentum", "init_strategy", "on_divergence",
+    )  # fmt: skip
+
+    def configure_dynamics(self, *, friction: float = 1.0, mass: float = 1.0, init_momentum: str = "zero") -> None:
+        """SGHMC's own arguments (Parameters above), after the shared ones."""
+        self.friction = non_negative(friction, "friction", "the momentum damping alpha")
+        self.mass = positive(mass, "mass")
+        self.init_momentum = choice(init_momentum, "init_momentum", INIT_MOMENTA)
+
+    @property
+    def damping(self) -> float:
+        return self.friction
+
+    initial_momentum = renamed_attribute("initial_momentum", "init_momentum")
 
     def _init_auxiliary(self, position: torch.Tensor):
-        return self._initial_momentum(position, self.initial_momentum, self.mass), None
+        return self._initial_momentum(position, self.init_momentum, self.mass), None
 
-    def _transition(
+    def transition(
         self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0, out=None
     ):
         position, momentum = underdamped_step(

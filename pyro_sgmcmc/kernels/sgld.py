@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Union
-
 import torch
-from pyro.infer.autoguide.initialization import init_to_uniform
 
-from ..model.potential import JitMode
-from ..schedules import Schedule
 from .base import SGMCMCKernel, SGMCMCState
 from .diffusions import langevin_step
 
@@ -38,24 +33,13 @@ class SGLD(SGMCMCKernel):
     model : callable
         Pyro model with continuous, global latent sites.
     step_size : float, Schedule, callable or None
-        :math:`\\epsilon`, positive: a float (constant), a :class:`~pyro_sgmcmc.Constant` or
-        :class:`~pyro_sgmcmc.RobbinsMonro` schedule, or any ``t -> float`` with ``t`` the chain's
-        step counter (warmup included; a schedule needs ``adapt_step_size=False``). ``None``
-        (default): 1e-3. With ``adapt_step_size`` (default) it is only the initial value: the warmup
-        derives one step size per chain (:doc:`/preconditioning`).
-    temperature : float
-        :math:`T \\ge 0`. Default 1.
-    num_data : int, optional
-        :math:`N`; by default the full size of the data plate (the number of likelihood terms).
-    init_strategy : callable
-        A Pyro init strategy; default :func:`~pyro.infer.autoguide.initialization.init_to_uniform`.
-        ``MCMC(initial_params=...)`` (unconstrained values) takes precedence.
-    on_divergence : {"restart", "freeze", "raise"}
-        What to do when a step gives a non-finite potential or gradient (a *divergence*, always
-        recorded in ``diagnostics()["divergences"]``): put the chain back at its last finite state
-        with zero momentum and go on (``"restart"``, default), stop that chain for the rest of the
-        run (``"freeze"``), or raise :class:`~pyro_sgmcmc.DivergenceError` naming the step, the
-        chain and the sites (``"raise"``). Other chains are never affected.
+        :math:`\\epsilon`, positive, in units of the normalised drift (an SGD learning rate on :math:`U / N`):
+        a float (constant), a :class:`~pyro_sgmcmc.Constant` or :class:`~pyro_sgmcmc.RobbinsMonro` schedule,
+        or any ``t -> float`` with ``t`` the chain's step counter (warmup included; a schedule needs
+        ``adapt_step_size=False``). ``None`` (default) means one thing: the default value 1e-3. With
+        ``adapt_step_size=True`` (default) any given value is only where the warmup starts (and what a chain
+        whose curvature cannot be measured keeps): the warmup derives one step size per chain
+        (:doc:`/preconditioning`); otherwise it is used throughout.
     adapt_step_size : bool
         Pyro's name and default (True): with ``temperature > 0`` and ``warmup_steps >= 20`` the warmup first
         brings every chain to the posterior's bulk from wherever its init puts it (a sign-based descent,
@@ -72,6 +56,13 @@ class SGLD(SGMCMCKernel):
         Dense (True) or diagonal (False) mass matrix; ``None`` (default): dense when the model has
         at most 64 unconstrained numbers (``O(dim^2)`` per step), diagonal otherwise. Only with
         ``adapt_mass_matrix=True``.
+    init_strategy : callable
+        A Pyro init strategy; default :func:`~pyro.infer.autoguide.initialization.init_to_uniform`.
+        ``MCMC(initial_params=...)`` (unconstrained values) takes precedence.
+    temperature : float
+        :math:`T \\ge 0`. Default 1.
+    num_data : int, optional
+        :math:`N`; by default the full size of the data plate (the number of likelihood terms).
     control_variate : "auto", None, "map" or dict
         Control-variate gradients (SGLD-CV, Baker et al. 2019): each step's minibatch gradient is
         centred at a fixed point whose full-data gradient is computed once, in chunks, at set-up;
@@ -81,12 +72,18 @@ class SGLD(SGMCMCKernel):
         of the warmup's approach when the model has one subsampled plate with ``N >= 10 B`` and an
         adaptation flag is on, otherwise none; ``None``: never. See
         :mod:`pyro_sgmcmc.kernels.control_variates`.
-    start_at_centre : bool
+    init_to_centre : bool
         Start every chain at the control variate's centre (the MAP with ``"map"``), as Baker et al.
         (2019) start SGLD-CV; the chains' own initial values (``init_strategy`` or
         ``initial_params``) then only start the MAP search. Burn-in is then only the time for the
         chains to spread out from the mode, but the chains no longer start over-dispersed, so R-hat
-        cannot detect a second mode. Needs ``control_variate``. Default False.
+        cannot detect a second mode. Needs ``control_variate``. Default False. (Was ``start_at_centre``.)
+    on_divergence : {"restart", "freeze", "raise"}
+        What to do when a step gives a non-finite potential or gradient (a *divergence*, always
+        recorded in ``diagnostics()["divergences"]``): put the chain back at its last finite state
+        with zero momentum and go on (``"restart"``, default), stop that chain for the rest of the
+        run (``"freeze"``), or raise :class:`~pyro_sgmcmc.DivergenceError` naming the step, the
+        chain and the sites (``"raise"``). Other chains are never affected.
     jit_compile : bool or "auto"
         Compile the one-chain potential and gradient with :func:`torch.jit.trace` on the first step
         (:class:`~pyro_sgmcmc.ModelPotential`'s ``jit_compile``): Pyro's per-step machinery and the
@@ -97,6 +94,13 @@ class SGLD(SGMCMCKernel):
         ``False`` always does (use ``False`` for a model with side effects, such as reading a variable
         a hook changes). ``True`` compiles whenever the check passes and warns when it cannot.
         Vectorised chains use :func:`torch.func.vmap` and ignore it.
+
+    Notes
+    -----
+    All arguments but ``model`` and ``step_size`` are keyword-only, in the same order in every kernel; the
+    kernel's own (SGHMC's ``friction``, ...) follow them. The previous release's spellings (the arguments after
+    ``step_size`` by position; ``start_at_centre``, ``initial_momentum``, ``initial_thermostat``) still work
+    for this release, with a :class:`FutureWarning` naming the new one.
 
     Examples
     --------
@@ -115,40 +119,7 @@ class SGLD(SGMCMCKernel):
     tensor(True)
     """
 
-    def __init__(
-        self,
-        model: Callable,
-        step_size: Union[None, float, Schedule, Callable[[int], float]] = None,
-        temperature: float = 1.0,
-        num_data: Optional[int] = None,
-        init_strategy: Callable = init_to_uniform,
-        on_divergence: str = "restart",
-        *,
-        adapt_step_size: bool = True,
-        adapt_mass_matrix: bool = True,
-        full_mass: Optional[bool] = None,
-        control_variate: Union[None, str, Dict[str, torch.Tensor]] = "auto",
-        start_at_centre: bool = False,
-        jit_compile: JitMode = "auto",
-    ) -> None:
-        super().__init__(
-            model,
-            step_size,
-            temperature,
-            num_data,
-            init_strategy,
-            on_divergence,
-            adapt_step_size=adapt_step_size,
-            adapt_mass_matrix=adapt_mass_matrix,
-            full_mass=full_mass,
-            control_variate=control_variate,
-            start_at_centre=start_at_centre,
-            jit_compile=jit_compile,
-        )
-
-    def _transition(
-        self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0, out=None
-    ):
+    def transition(self, state: SGMCMCState, drift: torch.Tensor, step_size, noise, drift_scale: float = 1.0, out=None):
         position_out = None if out is None else out[0]
         position = langevin_step(
             state.position, drift, step_size, self.noise_temperature, noise, drift_scale, position_out

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Union
+from typing import Dict, Optional
 
 import torch
-from pyro.infer.autoguide.initialization import init_to_uniform
 
-from ..model.potential import JitMode
-from ..schedules import Schedule
-from .base import _INITIAL_MOMENTA, SGMCMCKernel, SGMCMCState, _choice, _non_negative, _positive
+from .arguments import INIT_MOMENTA, choice, non_negative, positive, renamed_attribute
+from .base import SGMCMCKernel, SGMCMCState
 from .diffusions import kinetic_energy as _kinetic_energy
 from .diffusions import nose_hoover_step
 
@@ -38,88 +36,70 @@ class SGNHT(SGMCMCKernel):
 
     Parameters
     ----------
-    model, step_size, temperature, num_data, init_strategy, on_divergence, jit_compile :
-        As for :class:`~pyro_sgmcmc.SGLD`.
-    adapt_step_size, adapt_mass_matrix, full_mass, control_variate, start_at_centre :
-        As for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum (and ``mass``,
-        ``diffusion``) are in preconditioned units.
+    model, step_size, ... :
+        ``model``, ``step_size`` and the keyword arguments every kernel shares (``adapt_step_size`` to
+        ``jit_compile``), as for :class:`~pyro_sgmcmc.SGLD`. With a mass matrix the momentum, ``mass`` and
+        ``diffusion`` are in preconditioned units.
     diffusion : float
         :math:`\\alpha \\ge 0`, the injected-noise coefficient. Default 1.
     mass : float
         :math:`\\sigma^2 > 0`. Default 1.
-    initial_thermostat : float, optional
+    init_thermostat : float, optional
         :math:`\\xi_0`; defaults to ``diffusion``.
-    initial_momentum : {"zero", "stationary"}
+    init_momentum : {"zero", "stationary"}
         As for :class:`~pyro_sgmcmc.SGHMC`.
 
     Examples
     --------
+    The thermostat is a statistic of every step (one per chain), next to ``lp`` and ``kinetic_energy``:
+
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro.infer import MCMC
-    >>> from pyro_sgmcmc import SGNHT
-    >>> def model(y):
-    ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
-    ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
-    ...         pyro.sample("obs", dist.Normal(mu, 1.), obs=y[idx])
-    >>> _ = pyro.set_rng_seed(0)
-    >>> y = 3. + torch.randn(100)
-    >>> mcmc = MCMC(SGNHT(model, step_size=0.05), num_samples=500, warmup_steps=200, disable_progbar=True)
-    >>> mcmc.run(y)
-    >>> abs(mcmc.get_samples()["mu"].mean() - y.mean()) < 0.1
-    tensor(True)
+    >>> from pyro_sgmcmc import MCMC, SGNHT
+    >>> def scale(y):
+    ...     sigma = pyro.sample("sigma", dist.LogNormal(0., 1.))
+    ...     with pyro.plate("data", len(y), subsample_size=20) as i:
+    ...         pyro.sample("obs", dist.Normal(0., sigma), obs=y[i])
+    >>> y = 2. * torch.randn(200, generator=torch.Generator().manual_seed(1))
+    >>> run = MCMC(SGNHT(scale), 300, 200, num_chains=2, chain_method="vectorized", seed=0, disable_progbar=True)
+    >>> run.run(y)
+    >>> run.sample_stats["thermostat"].shape, bool(abs(run.get_samples()["sigma"].mean() - y.std()) < 0.2)
+    (torch.Size([2, 300]), True)
     """
 
-    def __init__(
+    LEGACY_POSITIONAL = (
+        "temperature", "num_data", "diffusion", "mass", "initial_thermostat", "initial_momentum", "init_strategy",
+        "on_divergence",
+    )  # fmt: skip
+
+    def configure_dynamics(
         self,
-        model: Callable,
-        step_size: Union[None, float, Schedule, Callable[[int], float]] = None,
-        temperature: float = 1.0,
-        num_data: Optional[int] = None,
+        *,
         diffusion: float = 1.0,
         mass: float = 1.0,
-        initial_thermostat: Optional[float] = None,
-        initial_momentum: str = "zero",
-        init_strategy: Callable = init_to_uniform,
-        on_divergence: str = "restart",
-        *,
-        adapt_step_size: bool = True,
-        adapt_mass_matrix: bool = True,
-        full_mass: Optional[bool] = None,
-        control_variate: Union[None, str, Dict[str, torch.Tensor]] = "auto",
-        start_at_centre: bool = False,
-        jit_compile: JitMode = "auto",
+        init_thermostat: Optional[float] = None,
+        init_momentum: str = "zero",
     ) -> None:
-        super().__init__(
-            model,
-            step_size,
-            temperature,
-            num_data,
-            init_strategy,
-            on_divergence,
-            adapt_step_size=adapt_step_size,
-            adapt_mass_matrix=adapt_mass_matrix,
-            full_mass=full_mass,
-            control_variate=control_variate,
-            start_at_centre=start_at_centre,
-            jit_compile=jit_compile,
+        """SGNHT's own arguments (Parameters above), after the shared ones."""
+        self.diffusion = non_negative(diffusion, "diffusion", "the injected-noise coefficient alpha")
+        self.mass = positive(mass, "mass")
+        self.init_thermostat = (
+            self.diffusion if init_thermostat is None else non_negative(init_thermostat, "init_thermostat", "xi_0")
         )
-        self.diffusion = _non_negative(diffusion, "diffusion", "the injected-noise coefficient alpha")
-        self.mass = _positive(mass, "mass")
-        self.initial_thermostat = (
-            self.diffusion
-            if initial_thermostat is None
-            else _non_negative(initial_thermostat, "initial_thermostat", "xi_0")
-        )
-        self.initial_momentum = _choice(initial_momentum, "initial_momentum", _INITIAL_MOMENTA)
+        self.init_momentum = choice(init_momentum, "init_momentum", INIT_MOMENTA)
+
+    @property
+    def damping(self) -> float:
+        return self.diffusion
+
+    initial_momentum = renamed_attribute("initial_momentum", "init_momentum")
+    initial_thermostat = renamed_attribute("initial_thermostat", "init_thermostat")
 
     def _init_auxiliary(self, position: torch.Tensor):
-        momentum = self._initial_momentum(position, self.initial_momentum, self.mass)
-        thermostat = torch.full(
-            position.shape[:-1], self.initial_thermostat, dtype=position.dtype, device=position.device
-        )
+        momentum = self._initial_momentum(position, self.init_momentum, self.mass)
+        thermostat = torch.full(position.shape[:-1], self.init_thermostat, dtype=position.dtype, device=position.device)
         return momentum, thermostat
 
-    def _transition(
+    def transition(
         self, state: SGMCMCState, drift: torch.Tensor, step_size: float, noise, drift_scale: float = 1.0, out=None
     ):
         return nose_hoover_step(

@@ -95,7 +95,7 @@ CONTROL_VARIATE_GAIN = 0.4
 #: ``control_variate="auto"``: L-BFGS iterations of the preliminary centre (from the approach's best point) ...
 PRELIMINARY_MAP_ITERATIONS = 5
 #: ... moved on towards the MAP in stages of 10, 20, ... up to this many iterations while each stage lowers the
-#: gradient variance by more than 10 % (``SGMCMCKernel._decide_control_variate``); each stage stops early ...
+#: gradient variance by more than 10 % (``AutoControlVariate.decide``); each stage stops early ...
 AUTO_MAP_ITERATIONS = 80
 #: ... once 10 full-data evaluations lower the potential by less than this fraction of the chains' average
 #: excess over the minimum, ``T d / 2`` nats (the centre's offset then adds at most about this fraction to the
@@ -104,7 +104,7 @@ CENTRE_TOLERANCE = 0.05
 #: Minibatches per measurement of the gradient noise (warmup only).
 NOISE_MINIBATCHES = 8
 #: A warning is given when a chain's relaxation time (in steps) under its adapted step exceeds this fraction
-#: of the adaptation phase (``SGMCMCKernel._warn_slow_mixing``).
+#: of the adaptation phase (``WarmupDriver``, at the end of warmup).
 SLOW_MIXING_FRACTION = 0.2
 #: Fewest warmup steps from which the jump threshold is measured; below, only non-finite steps diverge.
 MIN_JUMP_STEPS = 20

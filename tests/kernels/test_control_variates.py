@@ -103,9 +103,9 @@ def test_control_variate_map_centre_is_the_mode(kernel_cls):
     model, X, y, mean, cov = make_problem(500, 25)
     kernel = kernel_cls(model, step_size=1e-3, control_variate="map")
     kernel.setup_chains(0, num_chains=2, seed=0)
-    centre = kernel._control_variate.centre
+    centre = kernel.gradient_estimator.centre
     assert torch.allclose(centre, mean, atol=1e-6 * float(cov.diagonal().sqrt().min()) + 1e-8)
-    assert float(kernel._control_variate.centre_grad.abs().max()) < 1e-8 * float((X.T @ y).abs().max())
+    assert float(kernel.gradient_estimator.centre_grad.abs().max()) < 1e-8 * float((X.T @ y).abs().max())
 
 
 def test_control_variate_map_centre_with_a_float32_model():
@@ -126,22 +126,22 @@ def test_control_variate_map_centre_with_a_float32_model():
 
     kernel = SGHMC(model, step_size=1e-3, control_variate="map")
     kernel.setup_chains(0, num_chains=2, seed=0)
-    centre = kernel._control_variate.centre
+    centre = kernel.gradient_estimator.centre
     assert centre.dtype == torch.float32
     sd = cov.diagonal().sqrt()
     assert torch.all((centre.double() - mean).abs() < 0.05 * sd), (centre, mean)
 
 
 @pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC, SGNHT])
-def test_start_at_centre_starts_every_chain_at_the_map(kernel_cls):
-    """``start_at_centre=True``: all chains start at the MAP centre, whatever the init strategy gave
+def test_init_to_centre_starts_every_chain_at_the_map(kernel_cls):
+    """``init_to_centre=True``: all chains start at the MAP centre, whatever the init strategy gave
     (init_to_uniform puts them up to 2 away, ~45 posterior sd); the MAP search still starts from the
     first chain's initial point. Without the flag the chains start where the init strategy put them."""
     pyro.set_rng_seed(0)
     model, X, y, mean, cov = make_problem(500, 25)
-    kernel = kernel_cls(model, step_size=1e-3, control_variate="map", start_at_centre=True)
+    kernel = kernel_cls(model, step_size=1e-3, control_variate="map", init_to_centre=True)
     kernel.setup_chains(0, num_chains=3, seed=0)
-    centre = kernel._control_variate.centre
+    centre = kernel.gradient_estimator.centre
     assert torch.equal(kernel.state.position, centre.expand(3, -1))
     assert torch.allclose(centre, mean, atol=1e-6 * float(cov.diagonal().sqrt().min()) + 1e-8)
     plain = kernel_cls(model, step_size=1e-3, control_variate="map")
@@ -149,12 +149,12 @@ def test_start_at_centre_starts_every_chain_at_the_map(kernel_cls):
     assert float((plain.state.position - mean).abs().min()) > 1e-3  # init_to_uniform, not the centre
 
 
-def test_start_at_centre_bad_input():
+def test_init_to_centre_bad_input():
     model, *_ = make_problem(100, 10)
-    with pytest.raises(ValueError, match="start_at_centre=True needs control_variate='map' or a dict"):
-        SGHMC(model, start_at_centre=True)
-    with pytest.raises(TypeError, match="start_at_centre must be True or False"):
-        SGLD(model, control_variate="map", start_at_centre=1)
+    with pytest.raises(ValueError, match="init_to_centre=True needs control_variate='map' or a dict"):
+        SGHMC(model, init_to_centre=True)
+    with pytest.raises(TypeError, match="init_to_centre must be True or False"):
+        SGLD(model, control_variate="map", init_to_centre=1)
 
 
 def _sgld_stationary_cov(X: torch.Tensor, step: float) -> np.ndarray:
@@ -261,7 +261,7 @@ def test_auto_control_variate_is_centred_at_the_map_and_kept_by_every_sequential
     # Its centre is the mode up to a small fraction of a posterior sd: the preliminary 5 L-BFGS iterations
     # and the stages after it end within 0.05 T d / 2 = 0.075 nats of the minimum for this quadratic
     # potential, i.e. a squared offset |c - mode|^2 in the precision's metric of about 0.15.
-    centre = kernel._auto_control_variate_cache.centre
+    centre = kernel.warmup.auto.refined.centre
     offset = (centre - mean) @ torch.linalg.solve(cov, centre - mean)
     assert float(offset) < 0.5, float(offset)
 

@@ -25,6 +25,16 @@ def test_one_chain_noise_equals_row_by_row_draws():
         assert torch.equal(fast, expected), shape
 
 
+class _Fixed:
+    """A gradient estimator that always gives the same values."""
+
+    def __init__(self, energy, grad):
+        self.energy, self.grad = energy, grad
+
+    def potential_and_grad(self, positions, indices):
+        return self.energy, self.grad.clone()
+
+
 def test_a_finite_gradient_whose_sum_overflows_is_not_a_divergence():
     """Finiteness is checked by one sum; a sum that overflows takes the exact check and is no divergence,
     a non-finite entry is one."""
@@ -33,12 +43,12 @@ def test_a_finite_gradient_whose_sum_overflows_is_not_a_divergence():
     kernel.setup_chains(0, (y,), {}, num_chains=2, seed=0)
     huge = torch.full((2, 3), torch.finfo(torch.float32).max)
     energy = torch.zeros(2)
-    kernel._evaluate = lambda positions, indices: (energy, huge.clone())
+    kernel.gradient_estimator = _Fixed(energy, huge)
     kernel.step()
     assert not kernel.last_stats["diverging"].any() and kernel.num_divergences == 0
     bad = huge.clone()
     bad[1, 2] = float("nan")
-    kernel._evaluate = lambda positions, indices: (energy, bad)
+    kernel.gradient_estimator = _Fixed(energy, bad)
     kernel.step()
     assert kernel.last_stats["diverging"].tolist() == [False, True]
     kernel.step()
@@ -52,9 +62,8 @@ def test_divergence_count_survives_a_checkpoint():
     kernel.setup_chains(0, (y,), {}, num_chains=2, seed=0)
     energy = kernel.state.potential.clone()
     energy[1] = float("nan")  # chain 1's new point has a non-finite potential: a divergence
-    kernel._reject_divergent(
-        kernel.state, torch.tensor([True, False]), *kernel.state[:2], None, energy, kernel.state.grad
-    )
+    proposed = kernel.state.replace(potential=energy)
+    kernel.divergence_record.reject(kernel.state, proposed, torch.tensor([True, False]), None, kernel.potential)
     saved = kernel.state_dict()
     other = SGLD(_model, step_size=1e-3)
     other.setup_chains(0, (y,), {}, num_chains=2, seed=0)

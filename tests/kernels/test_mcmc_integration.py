@@ -114,17 +114,17 @@ def test_schedule_counter_belongs_to_each_chain():
 
 
 @pytest.mark.parametrize("kernel_cls", [SGHMC, SGNHT])
-def test_stationary_initial_momentum_has_the_tempered_variance(kernel_cls):
+def test_stationary_init_momentum_has_the_tempered_variance(kernel_cls):
     # m ~ N(0, mass T / N) per coordinate; 20,000 coordinates: sample variance within 4 * sqrt(2/20000) = 4 %.
     def model():
         pyro.sample("x", dist.Normal(torch.zeros(20_000), 1.0).to_event(1))
 
     temperature, mass, num_data = 0.3, 2.0, 50
-    kernel = kernel_cls(model, temperature=temperature, mass=mass, num_data=num_data, initial_momentum="stationary")
+    kernel = kernel_cls(model, temperature=temperature, mass=mass, num_data=num_data, init_momentum="stationary")
     kernel.setup(0)
     variance = kernel.state.momentum.var()
     assert abs(variance / (mass * temperature / num_data) - 1) < 0.04
-    cold = kernel_cls(model, temperature=0.0, initial_momentum="stationary")
+    cold = kernel_cls(model, temperature=0.0, init_momentum="stationary")
     cold.setup(0)
     assert torch.count_nonzero(cold.state.momentum) == 0
     zero = kernel_cls(model, temperature=1.0)

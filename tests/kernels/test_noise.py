@@ -46,7 +46,7 @@ def test_one_step_noise_scale(float64, temperature):
     ]:
         _setup(kernel)
         state = kernel.state
-        before = state._replace(
+        before = state.replace(
             position=state.position[0], momentum=None if state.momentum is None else state.momentum[0]
         )
         drift = -before.grad[0] / NUM_DATA
@@ -55,9 +55,9 @@ def test_one_step_noise_scale(float64, temperature):
         zeta = torch.empty(2).normal_(generator=generator)
         generator.set_state(saved)
         kernel.sample(kernel.initial_params)
-        after = kernel.state._replace(position=kernel.state.position[0])
+        after = kernel.state.replace(position=kernel.state.position[0])
         if after.momentum is not None:
-            after = after._replace(momentum=after.momentum[0])
+            after = after.replace(momentum=after.momentum[0])
         calT = temperature / NUM_DATA
         if isinstance(kernel, SGLD):
             expected = before.position + eps * drift + math.sqrt(2 * eps * calT) * zeta

@@ -61,12 +61,12 @@ def test_preconditioned_update_is_exact(kernel_cls, full_mass):
     kernel.setup_chains(40, (x, y), num_chains=3, seed=4)
     for _ in range(11):
         kernel.step()
-    state, factor = kernel.state, kernel._adaptation.factor
+    state, factor = kernel.state, kernel.warmup.adaptation.factor
     streams = ChainGenerators(kernel.generators.seed, kernel.generators.chain_ids)
     streams.set_state(kernel.generators.get_state())
     zeta = streams.normal(state.position.shape[1:], state.position.dtype)
     assert kernel.phase == "adaptation"
-    eps, n = kernel._chain_step_size.clone(), kernel.potential.num_data  # (C, 1): one step size per chain
+    eps, n = kernel.warmup.chain_step_size.clone(), kernel.potential.num_data  # (C, 1): one step size per chain
     assert eps.shape == (3, 1)
     calt = kernel.temperature / n
     drift = -state.grad / n
@@ -104,7 +104,7 @@ def test_mass_matrix_adapts_per_chain_in_warmup_and_is_frozen_for_sampling():
 
     def hook(kernel, params, stage, t):
         if kernel.phase != "approach":  # the approach (first 25 % of warmup) has no metric yet
-            seen.append((stage, kernel.inverse_mass_matrix.clone(), kernel._chain_step_size.clone()))
+            seen.append((stage, kernel.inverse_mass_matrix.clone(), kernel.warmup.chain_step_size.clone()))
 
     fit = torch.linalg.lstsq(x, y.unsqueeze(-1)).solution.squeeze(-1)  # start at the data's fit (not far out)
     start = init_to_value(values={"w": fit, "sigma": (y - x @ fit).std()})

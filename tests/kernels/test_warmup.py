@@ -13,7 +13,7 @@ from pyro.infer import MCMC
 from pyro.infer.autoguide.initialization import init_to_value
 
 from pyro_sgmcmc import SGHMC, SGLD, SGNHT, DivergenceWarning, SlowMixingWarning
-from pyro_sgmcmc.kernels.preconditioning import MAX_CONDITION, TRANSIENT_CONDITION, _curvature_floor
+from pyro_sgmcmc.kernels.metric import MAX_CONDITION, TRANSIENT_CONDITION, curvature_floor
 from pyro_sgmcmc.kernels.warmup import JUMP_Z, MAX_DELTA_ENERGY, approach_length
 
 KERNELS = {"SGLD": SGLD, "SGHMC": SGHMC, "SGNHT": SGNHT}
@@ -98,7 +98,7 @@ def test_each_chain_adapts_alone(float64):
         initial = {"mu": starts[chain_ids]}
         kernel.setup_chains(60, num_chains=len(chain_ids), seed=5, chain_ids=chain_ids, initial_params=initial)
         positions = [kernel.step().position.clone() for _ in range(100)]
-        return torch.stack(positions, 1), kernel._chain_step_size
+        return torch.stack(positions, 1), kernel.warmup.chain_step_size
 
     together, steps_together = run([0, 1, 2, 3])
     alone, step_alone = run([2])
@@ -126,12 +126,12 @@ def test_a_jump_of_the_potential_is_a_divergence(float64):
     kernel.setup_chains(200, seed=0)
     for _ in range(210):
         kernel.step()
-    threshold = float(kernel._jump_threshold[0])
+    threshold = float(kernel.warmup.jump_threshold[0])
     assert MAX_DELTA_ENERGY < threshold < MAX_DELTA_ENERGY + JUMP_Z * 100  # minibatch noise of U: a few units
     before = kernel.state
     trap["on"] = True
     kernel.step()
-    assert bool(kernel._last_diverging[0])
+    assert bool(kernel.divergence_record.last[0])
     assert "a jump of the potential by 1e+06" in kernel.divergence_log[-1][3]
     assert torch.equal(kernel.state.position, before.position)  # on_divergence="restart": put back
     with pytest.warns(DivergenceWarning, match="1 divergent step"):
@@ -185,8 +185,8 @@ def test_the_metric_is_bounded():
     """The curvature floor: the largest |eigenvalue| over 1e8 always, and in the initial buffer at least the
     median over 1e2, so a flat direction (curvature 0) cannot take an unbounded variance."""
     curvature = torch.tensor([[1e-30, 1.0, 2.0, 1e4]])
-    assert torch.allclose(_curvature_floor(curvature, transient=False), torch.tensor([[1e4 / MAX_CONDITION]]))
-    assert torch.allclose(_curvature_floor(curvature, transient=True), torch.tensor([[1.0 / TRANSIENT_CONDITION]]))
+    assert torch.allclose(curvature_floor(curvature, transient=False), torch.tensor([[1e4 / MAX_CONDITION]]))
+    assert torch.allclose(curvature_floor(curvature, transient=True), torch.tensor([[1.0 / TRANSIENT_CONDITION]]))
 
 
 def test_a_step_too_small_to_mix_is_loud(float64):

@@ -1,0 +1,219 @@
+"""Vectorised chains: set up a batch of chains and advance them together, one model evaluation per step.
+
+The chains' state carries a leading chain axis (``position`` is ``(num_chains, dim)``); each chain draws its own
+noise and minibatches (:class:`~pyro_sgmcmc.chains.streams.ChainGenerators`,
+:class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler`), so chain ``c``'s draws depend only on ``(seed, c)``.
+
+Step order. Set-up evaluates the potential :math:`U` and its gradient at the initial point. Each step then
+(1) draws the injected noise, (2) moves with the gradient cached from the previous evaluation
+(:meth:`BatchedChains.transition`, a pure rule of :mod:`~pyro_sgmcmc.kernels.diffusions`; under an adapted metric
+through :class:`~pyro_sgmcmc.kernels.adaptation.WarmupDriver`), (3) draws the next minibatch and asks the gradient
+estimator (:mod:`~pyro_sgmcmc.kernels.gradients`) for :math:`U` and :math:`\\nabla U` at the new point, caching
+them. One model evaluation per step; the reported ``lp = -U`` belongs to the returned draw. A non-finite result
+is a divergence (:mod:`~pyro_sgmcmc.kernels.divergences`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Dict, Mapping, Optional, Sequence
+
+import torch
+
+from ..chains.minibatch import MinibatchSampler
+from ..chains.streams import ChainGenerators
+from ..model.potential import ModelPotential
+from . import arguments as checks
+from .control_variates import ControlVariate
+from .divergences import DivergenceRecord
+from .gradients import GradientEstimator, MinibatchGradient
+from .initialisation import global_superchain_ids, initial_positions, preserved_global_rng
+from .state import SGMCMCState
+
+__all__ = ["BatchedChains"]
+
+
+class BatchedChains:
+    """The vectorised-chains half of :class:`~pyro_sgmcmc.kernels.base.SGMCMCKernel` (module docstring).
+
+    It reads the kernel's settings (``model``, ``init_strategy``, ``num_data``, ``jit_compile``, ``temperature``,
+    ``control_variate``, ``init_to_centre``, ``on_divergence``, ``step_size``, ``potential_factory``) and its
+    ``warmup`` driver; a concrete kernel defines :meth:`transition`.
+    """
+
+    # ------------------------------------------------------------------ what a kernel defines
+    def transition(
+        self,
+        state: SGMCMCState,
+        drift: torch.Tensor,
+        step_size,
+        noise: Optional[torch.Tensor],
+        drift_scale: float = 1.0,
+        out: Optional[tuple] = None,
+    ):
+        """The pure update: new ``(position, momentum, thermostat)`` from ``state`` with normalised drift
+        ``drift_scale * drift`` (see :mod:`~pyro_sgmcmc.kernels.diffusions`). ``out``, when given, is
+        ``(position buffer, momentum buffer)`` (either may be ``None``) the update may write into."""
+        raise NotImplementedError
+
+    def _init_auxiliary(self, position: torch.Tensor):
+        """Return ``(momentum, thermostat)`` at the start (``None`` where the kernel has none)."""
+        return None, None
+
+    def _auxiliary_stats(self, state: SGMCMCState) -> Dict[str, torch.Tensor]:
+        return {}
+
+    def _initial_momentum(self, position: torch.Tensor, how: str, mass: float) -> torch.Tensor:
+        if how == "zero" or self.noise_temperature == 0:
+            return torch.zeros_like(position)
+        # The stationary momentum of the tempered dynamics: N(0, mass * T / N), from each chain's stream.
+        return self.generators.normal(position.shape[1:], position.dtype) * math.sqrt(mass * self.noise_temperature)
+
+    # ------------------------------------------------------------------ model, starting points, gradients
+    def ensure_potential(self, args: tuple, kwargs: Optional[dict]) -> ModelPotential:
+        """The potential of ``model(*args, **kwargs)``: traced once per data set (sequential chains on the same
+        data reuse it, traced afresh so that a change of the model's globals is seen)."""
+        kwargs = dict(kwargs or {})
+        # the potential holds the arguments, so their ids identify them while it lives
+        key = (tuple(map(id, args)), tuple(sorted((k, id(v)) for k, v in kwargs.items())))
+        if self.potential is None or key != self._model_key:
+            self.potential = self.potential_factory(
+                self.model, args, kwargs, init_strategy=self.init_strategy, num_data=self.num_data,
+                jit_compile=self.jit_compile,
+            )  # fmt: skip
+            self._model_key = key
+        else:
+            self.potential.forget_compiled()
+        return self.potential
+
+    def initial_positions(
+        self,
+        initial_params: Optional[Mapping[str, torch.Tensor]],
+        num_chains: int,
+        num_superchains: int,
+        *,
+        seed: Optional[int] = None,
+        superchain_ids: Optional[Sequence[int]] = None,
+    ) -> torch.Tensor:
+        """``(num_chains, dim)`` starting points on the potential of :meth:`ensure_potential`: ``initial_params``
+        (checked), or drawn from the init strategy, superchain ``s`` (global id, default ``range``) from
+        ``(seed, s)`` only when ``seed`` is given (:mod:`~pyro_sgmcmc.kernels.initialisation`)."""
+        return initial_positions(self.potential, initial_params, num_chains, num_superchains, seed, superchain_ids)
+
+    def evaluate(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
+        """``(U, dU/dz)`` at ``(C, D)`` positions on the minibatch ``indices``, by the kernel's gradient
+        estimator (plain minibatches or a control variate)."""
+        return self.gradient_estimator.potential_and_grad(positions, indices)
+
+    # ------------------------------------------------------------------ many chains
+    def setup_chains(
+        self,
+        warmup_steps: int,
+        args: tuple = (),
+        kwargs: Optional[dict] = None,
+        *,
+        num_chains: int = 1,
+        initial_params: Optional[Dict[str, torch.Tensor]] = None,
+        num_superchains: Optional[int] = None,
+        seed: Optional[int] = None,
+        chain_ids: Optional[Sequence[int]] = None,
+    ) -> None:
+        """Set up ``num_chains`` chains that advance together.
+
+        Parameters
+        ----------
+        warmup_steps : int
+            Burn-in steps (divergences there are counted apart).
+        args, kwargs :
+            The model's arguments.
+        num_chains : int
+        initial_params : dict, optional
+            Unconstrained starting values with a leading axis of size ``num_chains`` or ``num_superchains``.
+        num_superchains : int, optional
+            ``K`` distinct starting points, each shared by ``num_chains / K`` consecutive chains. Default: every
+            chain starts from its own point.
+        seed : int, optional
+            Seed of the per-chain random streams and of the drawn starting points (superchain ``s`` from
+            ``(seed, s)``); torch's global generator is then left untouched. By default drawn from it.
+        chain_ids : sequence of int, optional
+            Global ids of these chains (stream ``c`` depends only on ``(seed, c)``); default ``range(num_chains)``.
+        """
+        checks.positive_int(warmup_steps, "warmup_steps", minimum=0)
+        checks.positive_int(num_chains, "num_chains")
+        num_superchains = num_chains if num_superchains is None else num_superchains
+        checks.positive_int(num_superchains, "num_superchains")
+        if num_chains % num_superchains:
+            raise ValueError(f"num_chains={num_chains} must be a multiple of num_superchains={num_superchains}")
+        with preserved_global_rng("cpu") if seed is not None else contextlib.nullcontext():
+            potential = self.ensure_potential(args, kwargs)  # traces the model: no draw may reach the global state
+        self.transforms = potential.transforms
+        self.noise_temperature = self.temperature / potential.num_data
+        self._inverse_num_data = 1.0 / potential.num_data
+        self.generators = ChainGenerators(seed, range(num_chains) if chain_ids is None else chain_ids, potential.device)
+        if len(self.generators) != num_chains:
+            raise ValueError(f"chain_ids has {len(self.generators)} entries for num_chains={num_chains}")
+        self.minibatches = MinibatchSampler(potential.subsample_plates, self.generators)
+        self.superchain_ids = torch.arange(num_chains) // (num_chains // num_superchains)
+        positions = self.initial_positions(
+            initial_params, num_chains, num_superchains, seed=seed,
+            superchain_ids=global_superchain_ids(num_chains, num_superchains, chain_ids),
+        )  # fmt: skip
+        self.gradient_estimator = self._setup_control_variate(positions)
+        if self.init_to_centre:  # Baker et al. (2019) start SGLD-CV at the MAP: burn-in then only spreads the chains
+            positions = self.gradient_estimator.centre.expand(num_chains, -1).clone()
+        energy, grad = self.evaluate(positions, self.minibatches.next())
+        momentum, thermostat = self._init_auxiliary(positions)
+        self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
+        # the step's noise buffer (no step keeps its noise): T = 0 draws none
+        self._noise = torch.empty_like(positions) if self.noise_temperature > 0 else None
+        self.divergence_record = DivergenceRecord(num_chains, positions.device, self.on_divergence, type(self).__name__)
+        self.warmup.setup(warmup_steps)
+        self._last_step_size = self.step_size(0)
+
+    def _setup_control_variate(self, positions: torch.Tensor) -> GradientEstimator:
+        """Plain minibatches, or the fixed control variate (``"map"`` or a dict: computed once per data set);
+        ``"auto"`` starts plain and decides in warmup."""
+        if self.control_variate is None or self.control_variate == "auto":
+            return MinibatchGradient(self.potential)
+        cached = self._fixed_control_variate
+        if cached is None or cached.potential is not self.potential:
+            self._fixed_control_variate = ControlVariate(self.potential, self.control_variate, positions[0])
+        return self._fixed_control_variate
+
+    def step(self) -> SGMCMCState:
+        """Advance every chain by one step (the hot path: no set-up work here). The new state is made of new
+        tensors: a state, tensor or view you keep is never overwritten."""
+        state = previous = self.state
+        warmup = self.warmup
+        if warmup.approach is not None and state.step < warmup.approach.num_steps:
+            self.divergence_record.last = self.divergence_record.none
+            self._last_step_size = warmup.approach.typical_step()
+            return warmup.approach_step(state)
+        step_size = self.step_size(state.step) if warmup.chain_step_size is None else warmup.chain_step_size
+        # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
+        # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
+        noise = self.generators.fill_normal(self._noise) if self._noise is not None else None
+        if warmup.preconditioned:  # the same update in w = L^-1 z (see kernels/preconditioning.py)
+            position, momentum, thermostat = warmup.transition(
+                state, state.grad, step_size, noise, -self._inverse_num_data
+            )
+        else:
+            position, momentum, thermostat = self.transition(
+                state, state.grad, step_size, noise, -self._inverse_num_data
+            )
+        indices = self.minibatches.next()
+        energy, grad = self.gradient_estimator.potential_and_grad(position, indices)
+        record = self.divergence_record
+        finite = record.finite_mask(energy, grad, state.potential, warmup.jump_threshold)
+        state = SGMCMCState(position, momentum, thermostat, energy, grad, state.step + 1)
+        if finite is None:
+            record.last = record.none
+        else:  # sets record.last: the chains that diverged at this step (a frozen chain only once)
+            draw = previous.step - warmup.warmup_steps if previous.step >= warmup.warmup_steps else None
+            state = record.reject(previous, state, finite, draw, self.potential, warmup.jump_threshold, indices)
+        self.state = state
+        self._last_step_size = step_size
+        if state.step <= warmup.warmup_steps:  # warmup only: nothing of this runs while sampling
+            warmup.after_step(previous, state, record.last)
+        return state
