@@ -28,7 +28,7 @@ Contenders.
 ``SGHMC-CV``
     SGHMC with ``control_variate="map"`` (SGHMC-CV, after Baker et al. 2019's SGLD-CV): the MAP is found by
     L-BFGS on the full data at set-up, starting from the prior median (``init_to_median``), every chain
-    starts there (``start_at_centre=True``, as Baker et al. start SGLD-CV) with a stationary momentum, and
+    starts there (``init_to_centre=True``, as Baker et al. start SGLD-CV) with a stationary momentum, and
     each minibatch gradient is centred at the MAP, so its noise shrinks with the distance to the MAP instead
     of growing with ``N / B``. ``B = 100``, 32 chains, step 1.0, friction 0.3, 30 burn-in steps, the same at
     every N (the reasoning is beside ``CV_STEP`` below). The MAP search and the full-data gradient at the MAP
@@ -191,8 +191,8 @@ def run_sg(kind: str, x, y, ref_mean, ref_sd, max_steps: int, seed: int = 0) -> 
     if kind == "SGHMC-CV":
         batch, chains, burn_in = CV_BATCH, CV_CHAINS, CV_BURN_IN
         kernel = SGHMC(
-            make_minibatch_model(batch), step_size=CV_STEP, friction=CV_FRICTION, initial_momentum="stationary",
-            control_variate="map", start_at_centre=True, init_strategy=init_to_median,
+            make_minibatch_model(batch), step_size=CV_STEP, friction=CV_FRICTION, init_momentum="stationary",
+            control_variate="map", init_to_centre=True, init_strategy=init_to_median,
             adapt_step_size=False, adapt_mass_matrix=False,
         )  # fmt: skip
     else:

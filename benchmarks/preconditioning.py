@@ -83,11 +83,11 @@ def run_ours(folder, kernel_name, warmup, samples, chains, seed):
     mcmc.run()
     elapsed = time.perf_counter() - start
     out = _summary(folder, names, mcmc.get_samples(group_by_chain=True))
-    evaluations = chains * (warmup + samples + 1 + kernel._adaptation.num_extra_evaluations)
+    evaluations = chains * (warmup + samples + 1 + kernel.warmup.adaptation.num_extra_evaluations)
     out.update(
         method=f"{kernel_name}(adapt_mass_matrix=True)",
         step_size=kernel.step_size(0),
-        dense=kernel._adaptation.full_mass,
+        dense=kernel.warmup.adaptation.full_mass,
         gradient_evaluations=evaluations,
         evaluations_per_ess=evaluations / out["min_ess"],
         seconds=elapsed,

@@ -71,7 +71,7 @@ class PrototypeStep:
             finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
         if not bool(finite.all()):
             raise RuntimeError("divergence in the prototype benchmark")
-        k.state = state._replace(position=position, momentum=momentum, potential=energy, grad=grad, step=state.step + 1)
+        k.state = state.replace(position=position, momentum=momentum, potential=energy, grad=grad, step=state.step + 1)
         return k.state
 
 

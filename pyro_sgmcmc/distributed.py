@@ -242,11 +242,11 @@ checkpoint_path, checkpoint_every, resume :
         # Global starting points, drawn on rank 0 exactly as MCMC.run draws them (same model trace,
         # same calls to the init strategy), then broadcast.
         detached = tuple(arg.detach() if torch.is_tensor(arg) else arg for arg in args)
-        potential = kernel._ensure_potential(detached, kwargs)
+        potential = kernel.ensure_potential(detached, kwargs)
         positions = torch.zeros(self.global_num_chains, potential.dim, dtype=potential.dtype, device=potential.device)
         if self.rank == 0:
-            positions = kernel._initial_positions(
-                self.global_initial_params, self.global_num_chains, self.global_num_superchains
+            positions = kernel.initial_positions(
+                self.global_initial_params, self.global_num_chains, self.global_num_superchains, seed=self.seed
             )
         dist.broadcast(positions, src=0, group=self.group)
         self.initial_params = potential.unpack(positions[ids[0] : ids[-1] + 1])

@@ -256,16 +256,13 @@ def _vectorized(case, chains, kernel_options, initial_params=None, chain_ids=Non
     return mcmc
 
 
-NOT_YET = "issue #19 target, not yet held: seed= leaves the starting points to torch's global generator"
-
-
 @cases
 @pytest.mark.parametrize(
     "kernel_options, starts, bitwise",
     [
         pytest.param(FIXED, STARTS, True, id="fixed-step-given-starts"),
         pytest.param({}, STARTS, False, id="defaults-given-starts"),
-        pytest.param({}, None, False, id="defaults-seed-only", marks=pytest.mark.xfail(strict=True, reason=NOT_YET)),
+        pytest.param({}, None, False, id="defaults-seed-only"),
     ],
 )
 def test_vectorized_equals_one_by_one(case, kernel_options, starts, bitwise):
