@@ -37,8 +37,8 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
     reference = script.run()
     path = tmp_path / "run.ckpt"
 
-    def interrupt_at_step_57(kernel, params, stage, t):
-        if t == 56:  # in the sampling phase (warmup is 40 steps), between checkpoints
+    def interrupt_at_step_57(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn)
+        if kernel.state.step == 57:  # in the sampling phase (warmup is 40 steps), between checkpoints
             raise Interrupt
 
     with pytest.raises(Interrupt):
@@ -60,8 +60,8 @@ def test_resume_inside_the_warmup_is_bit_identical(tmp_path, every, stop, phase)
     reference = script.run()
     path = tmp_path / "run.ckpt"
 
-    def interrupt(kernel, params, stage, t):
-        if t == stop - 1:
+    def interrupt(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn); state.step is the run's
+        if kernel.state.step == stop:
             assert kernel.phase == phase
             raise Interrupt
 
@@ -79,9 +79,9 @@ def test_resume_with_computed_permutations_is_bit_identical(tmp_path, monkeypatc
     reference = script.run()
     path = tmp_path / "run.ckpt"
 
-    def interrupt_at_step_57(kernel, params, stage, t):
+    def interrupt_at_step_57(kernel, params, stage, i):
         assert kernel.minibatches.keys and not kernel.minibatches.permutations  # the computed path
-        if t == 56:
+        if kernel.state.step == 57:
             raise Interrupt
 
     with pytest.raises(Interrupt):
@@ -180,8 +180,8 @@ def interrupted_files(tmp_path_factory):
     """The files of a run interrupted at step 57 (checkpoint every 10: index at step 50, one chunk of 10 draws)."""
     path = tmp_path_factory.mktemp("interrupted") / "run.ckpt"
 
-    def interrupt_at_step_57(kernel, params, stage, t):
-        if t == 56:
+    def interrupt_at_step_57(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn)
+        if kernel.state.step == 57:
             raise Interrupt
 
     with pytest.raises(Interrupt):
@@ -369,17 +369,17 @@ def test_a_callable_step_size_resumes_in_a_fresh_process(tmp_path):
 def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_path, monkeypatch):
     """O(k) per write: every write is one new chunk (the draws since the previous write) and the index, whose
     size does not grow with the draws; a chunk file, once written, is never written again."""
-    import pyro_sgmcmc.mcmc as mcmc_module
+    import pyro_sgmcmc.run.checkpoint as run_checkpoint
 
     writes, batches = [], []
-    original = mcmc_module.commit_files
+    original = run_checkpoint.commit_files
 
     def commit(files, *rest):
         writes.extend((p.name, len(data)) for data, p in files)
         batches.append([p.name for _, p in files])
         return original(files, *rest)
 
-    monkeypatch.setattr(mcmc_module, "commit_files", commit)
+    monkeypatch.setattr(run_checkpoint, "commit_files", commit)
     path = tmp_path / "run.ckpt"
     mcmc = script.run(checkpoint=path, every=10)
     chunks = [(name, size) for name, size in writes if name != "run.ckpt" and not name.startswith("blob-")]
@@ -428,8 +428,8 @@ def test_checkpoint_sync_decides_the_fsyncs_and_both_resume_bit_identically(refe
     monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or original(fd))
     path = tmp_path / "run.ckpt"
 
-    def interrupt_at_step_57(kernel, params, stage, t):
-        if t == 56:
+    def interrupt_at_step_57(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn)
+        if kernel.state.step == 57:
             raise Interrupt
 
     pyro.set_rng_seed(0)

@@ -187,8 +187,8 @@ def checkpoint_job(out: str):
         mcmc.run(x, y)
         return mcmc
 
-    def stop(kernel, values, stage, step):
-        if step == 37:
+    def stop(kernel, values, stage, i):  # i counts within the stage (Pyro's hook_fn); state.step is the run's
+        if kernel.state.step - 1 == 37:
             raise _Interrupted
 
     try:
@@ -199,7 +199,8 @@ def checkpoint_job(out: str):
     rank = torch.distributed.get_rank()
     saved = torch.load(f"{path}.rank{rank}", weights_only=False)
     steps_run = []  # the resumed run must start at the checkpoint, not at step 0 (which gives the same draws)
-    resumed = run(hook=lambda kernel, values, stage, step: steps_run.append(step)).get_samples(group_by_chain=True)
+    resumed = run(hook=lambda kernel, values, stage, i: steps_run.append(kernel.state.step - 1))
+    resumed = resumed.get_samples(group_by_chain=True)
     reference = run(checkpoint=False).get_samples(group_by_chain=True)
     return {
         "interrupted": interrupted,
@@ -533,7 +534,7 @@ def _torchrun(tmp_path, *script_args):
 
     script = tmp_path / "script.py"
     script.write_text(TORCHRUN_SCRIPT)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *script_args]  # fmt: skip
