@@ -482,6 +482,24 @@ def test_mcmc_chain_ids_validation():
         MCMC(kernel, num_samples=1, num_chains=1, chain_ids=[0])
 
 
+def test_distributed_mcmc_refuses_the_options_it_sets_itself():
+    """chain_method, chain_ids and mp_context are DistributedMCMC's own: a named TypeError, before any group."""
+    for option in (dict(chain_method="vectorized"), dict(chain_ids=[0]), dict(mp_context="spawn"), dict(thin=2)):
+        with pytest.raises(TypeError, match=next(iter(option))):
+            DistributedMCMC(SGLD(small_model), 5, num_chains=2, **option)
+
+
+def test_data_parallel_potential_has_an_explicit_interface():
+    """No attribute forwarding: every member the kernels, the run and the export read is defined on the class."""
+    from pyro_sgmcmc.distributed import DataParallelPotential
+
+    assert "__getattr__" not in vars(DataParallelPotential)
+    used = ["sites", "site_names", "transforms", "dim", "dtype", "device", "model", "model_args", "model_kwargs",
+            "compiled", "unpack", "pack", "forget_compiled", "nonfinite_log_densities", "initial_position",
+            "potential_and_grad", "batched_potential_and_grad"]  # fmt: skip
+    assert [name for name in used if not hasattr(DataParallelPotential, name)] == []
+
+
 def test_a_slice_of_chains_equals_those_chains_of_the_full_run():
     """The property DistributedMCMC rests on, in one process: chains 2, 3 alone = chains 2, 3 of 4."""
     x, y = small_data()
