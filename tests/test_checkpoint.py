@@ -504,3 +504,31 @@ def test_repeated_sigkills_at_any_moment_of_a_write_resume_bit_identically(tmp_p
     reference = script.run()
     child = torch.load(out, weights_only=True)
     _equal_runs(reference.get_samples(group_by_chain=True), reference.sample_stats, child["samples"], child["stats"])
+
+
+def test_the_fingerprint_holds_a_dict_control_variate_and_no_run_state(tmp_path):
+    """A dict control variate changes the draws, so a checkpoint of one centre does not resume another's run;
+    the kernel's run state (streams, minibatch cursors) is no setting."""
+    from pyro_sgmcmc import MCMC, SGHMC
+    from pyro_sgmcmc.run.checkpoint import _hyperparameters
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", len(y), subsample_size=10) as idx:
+            pyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
+
+    y = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "run.ckpt"
+
+    def run(centre):
+        kernel = SGHMC(model, step_size=0.01, control_variate={"mu": torch.tensor(centre)})
+        mcmc = MCMC(kernel, 4, 4, num_chains=2, chain_method="vectorized", seed=0, checkpoint_path=path,
+                    checkpoint_every=2, disable_progbar=True)  # fmt: skip
+        mcmc.run(y)
+        return kernel
+
+    kernel = run(0.0)
+    assert "control_variate" in _hyperparameters(kernel)
+    assert not {"generators", "minibatches"} & set(_hyperparameters(kernel))
+    with pytest.raises(CheckpointMismatch, match="control_variate"):
+        run(1.0)

@@ -213,14 +213,24 @@ def _validate_state(path: Path, kernel: SGMCMCKernel, steps_done: int) -> None:
             raise CheckpointMismatch(f"checkpoint {path}: the chains' saved {name} is not finite")
 
 
-def _hyperparameters(kernel: SGMCMCKernel) -> Dict[str, str]:
-    """The kernel's public settings that change the draws, as stable strings (no memory addresses)."""
-    out = {}
+#: Attributes of a set-up kernel that are its run's state or follow from its settings, not settings.
+_RUN_STATE = ("model", "init_strategy", "potential", "transforms", "state", "generators", "minibatches")
+
+
+def _hyperparameters(kernel: SGMCMCKernel) -> Dict[str, Any]:
+    """The kernel's public settings that change the draws, as stable strings (no memory addresses).
+
+    The model and its data are fingerprinted apart, and the start point is overwritten on resume. A
+    dict of values (a control variate's centre) enters by the dtype, shape and SHA-256 of each value.
+    """
+    out: Dict[str, Any] = {}
     for key, value in vars(kernel).items():
-        if key.startswith("_") or key in ("model", "init_strategy", "potential", "transforms", "state"):
-            continue  # the model and its data are fingerprinted apart; the start point is overwritten on resume
+        if key.startswith("_") or key in _RUN_STATE:
+            continue
         if value is None or isinstance(value, (bool, int, float, str)) or key == "step_size":
             out[key] = repr(value)
+        elif isinstance(value, dict):
+            out[key] = _data_fingerprint((), value)
     return out
 
 
