@@ -7,9 +7,9 @@ inside :class:`pyro.infer.MCMC` on models with subsampled plates, :class:`MCMC`,
 """
 
 from .allocation import retain_freed_cpu_memory
-from .diagnostics import nested_rhat, nested_rhat_threshold
+from .diagnostics import UncertaintyDecomposition, decompose_uncertainty, nested_rhat, nested_rhat_threshold
+from .export import to_inference_data
 from .guides import AutoDiagVI, AutoLaplace, LaplaceApproximation, TemperedELBO
-from .inference_data import to_inference_data
 from .kernels import (
     SGHMC,
     SGLD,
@@ -23,37 +23,16 @@ from .kernels import (
 from .mcmc import MCMC, PartialRun, PartialRunWarning, RunNotFinished
 from .model.potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
-from .uncertainty import UncertaintyDecomposition, decompose_uncertainty
 
 __version__ = "0.1.0"
 
+# grouped by room: the run, its diagnostics and export; the kernels; the model; the guides; the rest
 __all__ = [
-    "MCMC",
-    "AutoLaplace",
-    "LaplaceApproximation",
-    "AutoDiagVI",
-    "TemperedELBO",
-    "PartialRun",
-    "PartialRunWarning",
-    "RunNotFinished",
-    "to_inference_data",
-    "nested_rhat",
-    "nested_rhat_threshold",
-    "SGLD",
-    "SGHMC",
-    "SGNHT",
-    "SGMCMCKernel",
-    "SGMCMCState",
-    "DivergenceError",
-    "DivergenceWarning",
+    "MCMC", "PartialRun", "PartialRunWarning", "RunNotFinished",
+    "to_inference_data", "nested_rhat", "nested_rhat_threshold", "decompose_uncertainty", "UncertaintyDecomposition",
+    "SGLD", "SGHMC", "SGNHT", "SGMCMCKernel", "SGMCMCState", "DivergenceError", "DivergenceWarning",
     "SlowMixingWarning",
-    "ModelPotential",
-    "ModelError",
-    "Schedule",
-    "Constant",
-    "RobbinsMonro",
-    "make_schedule",
-    "decompose_uncertainty",
-    "UncertaintyDecomposition",
-    "retain_freed_cpu_memory",
-]
+    "ModelPotential", "ModelError",
+    "AutoLaplace", "LaplaceApproximation", "AutoDiagVI", "TemperedELBO",
+    "Schedule", "Constant", "RobbinsMonro", "make_schedule", "retain_freed_cpu_memory",
+]  # fmt: skip

@@ -55,14 +55,14 @@ if __name__ == "__main__":
     parser.add_argument("--stop", type=int, help="exit with status 3 after this many steps (an interruption)")
     args = parser.parse_args()
 
-    def hook(kernel, params, stage, t):
+    def hook(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn); state.step is the run's
         if args.slow:
             import time
 
             time.sleep(args.slow)
         if args.progress:
-            print(t + 1, flush=True)
-        if args.stop is not None and t + 1 == args.stop:
+            print(kernel.state.step, flush=True)
+        if args.stop is not None and kernel.state.step == args.stop:
             sys.exit(3)
 
     mcmc = run(args.checkpoint, args.every, hook, decaying_step if args.callable_step else 0.02)

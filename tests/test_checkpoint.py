@@ -37,8 +37,8 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
     reference = script.run()
     path = tmp_path / "run.ckpt"
 
-    def interrupt_at_step_57(kernel, params, stage, t):
-        if t == 56:  # in the sampling phase (warmup is 40 steps), between checkpoints
+    def interrupt_at_step_57(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn)
+        if kernel.state.step == 57:  # in the sampling phase (warmup is 40 steps), between checkpoints
             raise Interrupt
 
     with pytest.raises(Interrupt):
@@ -60,8 +60,8 @@ def test_resume_inside_the_warmup_is_bit_identical(tmp_path, every, stop, phase)
     reference = script.run()
     path = tmp_path / "run.ckpt"
 
-    def interrupt(kernel, params, stage, t):
-        if t == stop - 1:
+    def interrupt(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn); state.step is the run's
+        if kernel.state.step == stop:
             assert kernel.phase == phase
             raise Interrupt
 
@@ -79,9 +79,9 @@ def test_resume_with_computed_permutations_is_bit_identical(tmp_path, monkeypatc
     reference = script.run()
     path = tmp_path / "run.ckpt"
 
-    def interrupt_at_step_57(kernel, params, stage, t):
+    def interrupt_at_step_57(kernel, params, stage, i):
         assert kernel.minibatches.keys and not kernel.minibatches.permutations  # the computed path
-        if t == 56:
+        if kernel.state.step == 57:
             raise Interrupt
 
     with pytest.raises(Interrupt):
@@ -180,8 +180,8 @@ def interrupted_files(tmp_path_factory):
     """The files of a run interrupted at step 57 (checkpoint every 10: index at step 50, one chunk of 10 draws)."""
     path = tmp_path_factory.mktemp("interrupted") / "run.ckpt"
 
-    def interrupt_at_step_57(kernel, params, stage, t):
-        if t == 56:
+    def interrupt_at_step_57(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn)
+        if kernel.state.step == 57:
             raise Interrupt
 
     with pytest.raises(Interrupt):
@@ -369,17 +369,17 @@ def test_a_callable_step_size_resumes_in_a_fresh_process(tmp_path):
 def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_path, monkeypatch):
     """O(k) per write: every write is one new chunk (the draws since the previous write) and the index, whose
     size does not grow with the draws; a chunk file, once written, is never written again."""
-    import pyro_sgmcmc.mcmc as mcmc_module
+    import pyro_sgmcmc.run.checkpoint as run_checkpoint
 
     writes, batches = [], []
-    original = mcmc_module.commit_files
+    original = run_checkpoint.commit_files
 
     def commit(files, *rest):
         writes.extend((p.name, len(data)) for data, p in files)
         batches.append([p.name for _, p in files])
         return original(files, *rest)
 
-    monkeypatch.setattr(mcmc_module, "commit_files", commit)
+    monkeypatch.setattr(run_checkpoint, "commit_files", commit)
     path = tmp_path / "run.ckpt"
     mcmc = script.run(checkpoint=path, every=10)
     chunks = [(name, size) for name, size in writes if name != "run.ckpt" and not name.startswith("blob-")]
@@ -428,8 +428,8 @@ def test_checkpoint_sync_decides_the_fsyncs_and_both_resume_bit_identically(refe
     monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or original(fd))
     path = tmp_path / "run.ckpt"
 
-    def interrupt_at_step_57(kernel, params, stage, t):
-        if t == 56:
+    def interrupt_at_step_57(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn)
+        if kernel.state.step == 57:
             raise Interrupt
 
     pyro.set_rng_seed(0)
@@ -504,3 +504,34 @@ def test_repeated_sigkills_at_any_moment_of_a_write_resume_bit_identically(tmp_p
     reference = script.run()
     child = torch.load(out, weights_only=True)
     _equal_runs(reference.get_samples(group_by_chain=True), reference.sample_stats, child["samples"], child["stats"])
+
+
+def test_the_fingerprint_holds_a_dict_control_variate_and_no_run_state(tmp_path):
+    """A dict control variate changes the draws, so a checkpoint of one centre does not resume another's run;
+    the kernel's run state (streams, minibatch cursors) is no setting."""
+    from pyro_sgmcmc import MCMC, SGHMC
+    from pyro_sgmcmc.run.checkpoint import fingerprint
+    from pyro_sgmcmc.run.length import RunLength
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", len(y), subsample_size=10) as idx:
+            pyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
+
+    y = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "run.ckpt"
+
+    def run(centre):
+        kernel = SGHMC(model, step_size=0.01, control_variate={"mu": torch.tensor(centre)})
+        mcmc = MCMC(kernel, 4, 4, num_chains=2, chain_method="vectorized", seed=0, checkpoint_path=path,
+                    checkpoint_every=2, disable_progbar=True)  # fmt: skip
+        mcmc.run(y)
+        return kernel
+
+    kernel = run(0.0)
+    settings = fingerprint(kernel, RunLength(4, 4), num_chains=2, num_superchains=2, seed=0, chain_ids=None)["kernel"]
+    assert "sha256" in settings["control_variate"]
+    assert not {"generators", "minibatches", "state"} & set(settings)
+    assert settings["step_size"] == 0.01  # as given, not an adapted value
+    with pytest.raises(CheckpointMismatch, match="control_variate"):
+        run(1.0)

@@ -302,8 +302,8 @@ def test_float64_checkpoint_resume_is_bit_identical(tmp_path):
     class Stop(Exception):
         pass
 
-    def stop(kernel, params, stage, t):
-        if t == 4:
+    def stop(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn); state.step is the run's
+        if kernel.state.step - 1 == 4:
             raise Stop
 
     reference = go()
@@ -375,8 +375,8 @@ def test_cuda_resume(tmp_path):
         mcmc.run(x, y)
         return mcmc
 
-    def stop(kernel, params, stage, t):
-        if t == 4:
+    def stop(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn); state.step is the run's
+        if kernel.state.step - 1 == 4:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):

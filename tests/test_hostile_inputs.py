@@ -579,7 +579,7 @@ def test_mcmc_num_superchains(value, num_chains):
 def test_mcmc_chain_method(value):
     check(
         lambda: MCMC(SGLD(model), 3, chain_method=value),
-        choice_verdict(value, ("default", "vectorized")),
+        choice_verdict(value, ("default", "parallel", "sequential", "vectorized")),
         "chain_method",
     )
 
@@ -786,8 +786,8 @@ def test_interrupted_run_resumes_bit_identically(every, stop):
         reference = _checkpointed_run(None)
         path = Path(tmp) / "run.ckpt"
 
-        def interrupt(kernel, params, stage, t):
-            if t == stop:
+        def interrupt(kernel, params, stage, i):  # i counts within the stage; the run's step is state.step - 1
+            if kernel.state.step - 1 == stop:
                 raise _Interrupt
 
         with pytest.raises(_Interrupt):

@@ -127,7 +127,7 @@ def test_deep_ensemble_at_zero_temperature():
 
 def test_bad_arguments():
     kernel = SGLD(regression_model)
-    with pytest.raises(ValueError, match=r"chain_method must be one of \('default', 'vectorized'\)"):
+    with pytest.raises(ValueError, match=r"chain_method must be one of \('parallel', 'sequential', 'vectorized'\)"):
         MCMC(kernel, num_samples=5, chain_method="parallel-ish")
     with pytest.raises(ValueError, match="num_chains=6 must be a multiple of num_superchains=4"):
         MCMC(kernel, num_samples=5, num_chains=6, num_superchains=4, chain_method="vectorized")
@@ -235,3 +235,80 @@ def test_summary_and_diagnostics_use_linear_memory_and_give_pyros_numbers(capsys
     long._diagnostics = [{"divergences": []}]
     n_eff = long.diagnostics()["w"]["n_eff"]
     assert torch.all((n_eff > 0.8e5) & (n_eff < 1.2e5)), n_eff  # iid draws: ESS ~ n (sd of the estimate ~ 1%)
+
+
+# ====================================================================== chain methods and hook_fn (#19)
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC])
+def test_sequential_chains_equal_the_vectorised_run(float64, kernel_cls):
+    """chain_method="sequential": each chain alone, from the start and streams it has in the vectorised run
+    (same seed, same pyro.set_rng_seed), so the same draws up to float64 rounding of the batched arithmetic."""
+    x, y = _data()
+    x, y = x.double(), y.double()
+    runs = {}
+    for method in ("vectorized", "sequential"):
+        pyro.set_rng_seed(4)
+        mcmc = MCMC(kernel_cls(regression_model, step_size=0.01), num_samples=15, warmup_steps=10, num_chains=4,
+                    num_superchains=2, thinning=2, chain_method=method, seed=9, disable_progbar=True)  # fmt: skip
+        mcmc.run(x, y)
+        runs[method] = mcmc
+    vectorized, sequential = runs["vectorized"], runs["sequential"]
+    for name, draws in vectorized.get_samples(group_by_chain=True).items():
+        other = sequential.get_samples(group_by_chain=True)[name]
+        assert draws.shape == other.shape == (4, 15, *draws.shape[2:])
+        assert torch.allclose(draws, other, rtol=0, atol=1e-9), (name, (draws - other).abs().max())
+    assert set(vectorized.sample_stats) == set(sequential.sample_stats)
+    assert torch.equal(sequential.superchain_ids, torch.tensor([0, 0, 1, 1]))
+    assert len(sequential.diagnostics()["divergences"]) == 4
+    assert not torch.allclose(vectorized.get_samples()["w"][0], vectorized.get_samples()["w"][15])
+
+
+def test_sequential_needs_an_sgmcmc_kernel_and_no_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="chain_method='sequential' needs a pyro_sgmcmc kernel"):
+        MCMC(NUTS(regression_model), num_samples=5, chain_method="sequential")
+    with pytest.raises(ValueError, match="checkpoint_path needs chain_method='vectorized'"):
+        MCMC(SGLD(regression_model), 5, chain_method="sequential", checkpoint_path=tmp_path / "run.ckpt")
+
+
+def test_chain_method_default_is_parallel_with_a_future_warning():
+    kernel = SGLD(regression_model)
+    with pytest.warns(FutureWarning, match="chain_method='parallel'"):
+        old = MCMC(kernel, num_samples=5, chain_method="default")
+    assert old.chain_method == "parallel" == MCMC(kernel, num_samples=5).chain_method
+
+
+@pytest.mark.parametrize("method", ["vectorized", "sequential"])
+def test_hook_fn_gets_pyros_stage_and_index_within_the_stage(method):
+    """Pyro calls hook_fn(kernel, samples, stage, i) with i counting from 0 in each stage (warmup, then sampling);
+    a sequential run names the chain in the stage as Pyro's one-after-another chains do."""
+    x, y = _data()
+    calls = []
+
+    def hook(kernel, params, stage, i):
+        calls.append((stage, i, kernel.state.step))
+
+    MCMC(SGLD(regression_model, step_size=0.01), num_samples=3, warmup_steps=4, num_chains=2, thinning=2,
+         chain_method=method, seed=0, hook_fn=hook, disable_progbar=True).run(x, y)  # fmt: skip
+    one_chain = [("Warmup", i, i + 1) for i in range(4)] + [("Sample", i, 5 + i) for i in range(6)]
+    if method == "vectorized":
+        assert calls == one_chain
+    else:
+        assert calls == [(f"{s} [{c}]", i, step) for c in range(2) for s, i, step in one_chain]
+
+
+def test_summary_and_diagnostics_leave_pyro_untouched(capsys, monkeypatch):
+    """No process-wide patch: pyro.ops.stats keeps its own functions while the summary runs."""
+    import pyro.ops.stats as stats
+
+    seen = []
+    original = stats.effective_sample_size
+    monkeypatch.setattr(stats, "effective_sample_size", lambda *a, **k: seen.append(1) or original(*a, **k))
+    members = dict(vars(stats))
+    x, y = _data()
+    mcmc = MCMC(SGLD(regression_model, step_size=0.01), num_samples=20, warmup_steps=5, num_chains=2,
+                chain_method="vectorized", seed=0, disable_progbar=True)  # fmt: skip
+    mcmc.run(x, y)
+    mcmc.summary()
+    out = capsys.readouterr().out
+    assert "n_eff" in out and "r_hat" in out and "w[2]" in out
+    mcmc.diagnostics()
+    assert dict(vars(stats)) == members and seen == []  # nothing replaced; Pyro's quadratic ESS never called

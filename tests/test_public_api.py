@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import tomllib
 
 import pyro_sgmcmc
@@ -23,3 +24,39 @@ def test_arviz_is_a_base_dependency():
     """to_inference_data is core: a base install must be able to run it."""
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     assert any(requirement.startswith("arviz") for requirement in project["dependencies"])
+
+
+def test_run_room_names_keep_their_import_paths():
+    """The rooms of issue #19: diagnostics, export and distributed are packages that re-export their names."""
+    import pyro_sgmcmc.diagnostics as diagnostics
+    import pyro_sgmcmc.distributed as distributed
+    import pyro_sgmcmc.export as export
+
+    assert pyro_sgmcmc.nested_rhat is diagnostics.nested_rhat and callable(diagnostics.nested_rhat)
+    assert pyro_sgmcmc.decompose_uncertainty is diagnostics.decompose_uncertainty
+    assert pyro_sgmcmc.to_inference_data is export.to_inference_data
+    for name in distributed.__all__:  # every public name of the old module, from the package
+        assert getattr(distributed, name).__module__.startswith("pyro_sgmcmc.distributed."), name
+    assert set(distributed.__all__) == {
+        "init_distributed", "rank_chain_ids", "shard", "DistributedMCMC", "data_parallel", "DataParallelPotential",
+        "launch", "free_port",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "old, new, names",
+    [
+        ("pyro_sgmcmc.inference_data", "pyro_sgmcmc.export", ["to_inference_data"]),
+        ("pyro_sgmcmc.uncertainty", "pyro_sgmcmc.diagnostics", ["auroc", "decompose_uncertainty"]),
+    ],
+)
+def test_old_module_paths_work_for_one_release_with_a_future_warning(old, new, names):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)  # the warning is given when the module is first imported
+    with pytest.warns(FutureWarning, match=new.replace(".", r"\.")):
+        module = importlib.import_module(old)
+    replacement = importlib.import_module(new)
+    for name in names:
+        assert getattr(module, name) is getattr(replacement, name)

@@ -311,7 +311,7 @@ def test_checkpoint_resume_is_bit_identical(case, tmp_path):
     reference = _vectorized(case, range(3), {})
 
     def interrupt(kernel, params, stage, t):
-        if t == 63:  # sampling (50 warmup steps), 3 steps after the checkpoint at 60
+        if stage == "Sample" and t == 13:  # step 63 of the run (50 warmup steps), 3 after the checkpoint at 60
             raise InterruptedError
 
     path = tmp_path / "run.ckpt"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pyro_sgmcmc import MCMC, SGLD, PartialRunWarning, RunNotFinished, to_inference_data
 
-from . import reliability_script as script
+from .. import reliability_script as script
 
 WARMUP, SAMPLES = script.SETTINGS["warmup_steps"], script.SETTINGS["num_samples"]
 
@@ -28,8 +28,8 @@ def _interrupted(step, error=KeyboardInterrupt, checkpoint=None, every=None):
     """The MCMC object of the reliability script's run, stopped by ``error`` in the hook of step ``step``."""
     import pyro
 
-    def hook(kernel, params, stage, t):
-        if t == step:
+    def hook(kernel, params, stage, i):  # i counts within the stage (Pyro's hook_fn); state.step is the run's
+        if kernel.state.step - 1 == step:
             raise error("stopped by the test")
 
     pyro.set_rng_seed(0)

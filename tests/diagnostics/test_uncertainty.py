@@ -15,7 +15,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from pyro_sgmcmc import UncertaintyDecomposition, decompose_uncertainty
-from pyro_sgmcmc.uncertainty import auroc
+from pyro_sgmcmc.diagnostics import auroc
 
 LOG2 = math.log(2.0)
 

@@ -187,8 +187,8 @@ def checkpoint_job(out: str):
         mcmc.run(x, y)
         return mcmc
 
-    def stop(kernel, values, stage, step):
-        if step == 37:
+    def stop(kernel, values, stage, i):  # i counts within the stage (Pyro's hook_fn); state.step is the run's
+        if kernel.state.step - 1 == 37:
             raise _Interrupted
 
     try:
@@ -199,7 +199,8 @@ def checkpoint_job(out: str):
     rank = torch.distributed.get_rank()
     saved = torch.load(f"{path}.rank{rank}", weights_only=False)
     steps_run = []  # the resumed run must start at the checkpoint, not at step 0 (which gives the same draws)
-    resumed = run(hook=lambda kernel, values, stage, step: steps_run.append(step)).get_samples(group_by_chain=True)
+    resumed = run(hook=lambda kernel, values, stage, i: steps_run.append(kernel.state.step - 1))
+    resumed = resumed.get_samples(group_by_chain=True)
     reference = run(checkpoint=False).get_samples(group_by_chain=True)
     return {
         "interrupted": interrupted,
@@ -481,6 +482,24 @@ def test_mcmc_chain_ids_validation():
         MCMC(kernel, num_samples=1, num_chains=1, chain_ids=[0])
 
 
+def test_distributed_mcmc_refuses_the_options_it_sets_itself():
+    """chain_method, chain_ids and mp_context are DistributedMCMC's own: a named TypeError, before any group."""
+    for option in (dict(chain_method="vectorized"), dict(chain_ids=[0]), dict(mp_context="spawn"), dict(thin=2)):
+        with pytest.raises(TypeError, match=next(iter(option))):
+            DistributedMCMC(SGLD(small_model), 5, num_chains=2, **option)
+
+
+def test_data_parallel_potential_has_an_explicit_interface():
+    """No attribute forwarding: every member the kernels, the run and the export read is defined on the class."""
+    from pyro_sgmcmc.distributed import DataParallelPotential
+
+    assert "__getattr__" not in vars(DataParallelPotential)
+    used = ["sites", "site_names", "transforms", "dim", "dtype", "device", "model", "model_args", "model_kwargs",
+            "compiled", "unpack", "pack", "forget_compiled", "nonfinite_log_densities", "initial_position",
+            "potential_and_grad", "batched_potential_and_grad"]  # fmt: skip
+    assert [name for name in used if not hasattr(DataParallelPotential, name)] == []
+
+
 def test_a_slice_of_chains_equals_those_chains_of_the_full_run():
     """The property DistributedMCMC rests on, in one process: chains 2, 3 alone = chains 2, 3 of 4."""
     x, y = small_data()
@@ -533,7 +552,7 @@ def _torchrun(tmp_path, *script_args):
 
     script = tmp_path / "script.py"
     script.write_text(TORCHRUN_SCRIPT)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), *script_args]  # fmt: skip

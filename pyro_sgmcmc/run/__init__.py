@@ -1,0 +1,23 @@
+"""The machinery of :class:`pyro_sgmcmc.MCMC`'s own chain methods ("vectorized", "sequential").
+
+* :mod:`~pyro_sgmcmc.run.length`: which steps a run keeps (warmup, thinning, ``keep_last``).
+* :mod:`~pyro_sgmcmc.run.loop`: the run loop of vectorised chains (:class:`ChainRun`).
+* :mod:`~pyro_sgmcmc.run.checkpoint`: what a run writes to its checkpoint and how it resumes.
+* :mod:`~pyro_sgmcmc.run.partial`: what is left of an interrupted run.
+* :mod:`~pyro_sgmcmc.run.starts`: every chain's starting point, as a vectorised run draws it.
+"""
+
+from .length import RunLength
+from .loop import ChainRun, Chains, CheckpointSettings, RunResult
+from .partial import PartialRun, PartialRunWarning, RunNotFinished
+
+__all__ = [
+    "ChainRun",
+    "Chains",
+    "CheckpointSettings",
+    "RunLength",
+    "RunResult",
+    "PartialRun",
+    "PartialRunWarning",
+    "RunNotFinished",
+]

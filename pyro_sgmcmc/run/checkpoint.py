@@ -1,0 +1,231 @@
+"""A run's checkpoint: what it writes at each checkpoint, how it resumes, and the fingerprint it checks.
+
+The files and their guarantees (atomic writes, hash chain, verified reads) are those of
+:mod:`pyro_sgmcmc.checkpoint`; this module decides what goes in them: a draw chunk with the draws
+kept since the previous write, the kernel's state (its minibatch permutation tables in files of
+their own, rewritten only when a plate begins a new epoch), and the run's *fingerprint*, the
+settings that change the draws, which a resuming run must share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+
+from ..checkpoint import (
+    CheckpointMismatch,
+    check_serialisable,
+    chunk_directory,
+    clear_chunks,
+    commit_files,
+    load_checkpoint,
+    read_blob,
+    read_chunks,
+    save_checkpoint,
+    write_blob,
+    write_chunk,
+)
+from ..draws import DrawStore
+from ..kernels.base import SGMCMCKernel
+from .length import RunLength
+
+__all__ = ["RunCheckpoint", "open_checkpoint", "fingerprint"]
+
+
+def open_checkpoint(
+    path: Path,
+    fingerprint: dict,
+    kernel: SGMCMCKernel,
+    store: DrawStore,
+    length: RunLength,
+    *,
+    resume: bool,
+    sync: bool,
+) -> "RunCheckpoint":
+    """Resume from the checkpoint at ``path`` (validated) into ``kernel`` and ``store``, or start it afresh."""
+    # before any step: a state that cannot be saved and read back safely is an error now, not at the first write
+    check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
+    checkpoint = RunCheckpoint(path, fingerprint, sync)
+    if resume and path.exists():
+        checkpoint.resume(kernel, store, length)
+    else:
+        clear_chunks(path)
+    return checkpoint
+
+
+def fingerprint(
+    kernel: SGMCMCKernel,
+    length: RunLength,
+    *,
+    num_chains: int,
+    num_superchains: int,
+    seed: Optional[int],
+    chain_ids: Optional[Sequence[int]],
+) -> dict:
+    """The settings a checkpoint must share with the run that resumes it: all that changes the draws."""
+    potential = kernel.potential
+    return {
+        "kernel": kernel.configuration(),
+        "sites": [(s.name, tuple(s.unconstrained_shape)) for s in potential.sites],
+        "plates": [(p.name, p.size, p.subsample_size, p.user_indices) for p in potential.subsample_plates],
+        "dtype": str(potential.dtype),
+        "data": _data_fingerprint(potential.model_args, potential.model_kwargs),
+        "num_data": potential.num_data,
+        "num_chains": num_chains,
+        "num_superchains": num_superchains,
+        "warmup_steps": length.warmup_steps,
+        "num_samples": length.num_samples,
+        "thinning": length.thinning,
+        "keep_last": length.keep_last,
+        "seed": seed,
+        **({} if chain_ids is None else {"chain_ids": list(chain_ids)}),
+    }
+
+
+class RunCheckpoint:
+    """A run's checkpoint: the draw chunks written so far and the index that lists them (see the module)."""
+
+    def __init__(self, path: Path, fingerprint: dict, sync: bool = True) -> None:
+        self.path = path
+        self.fingerprint = fingerprint
+        self.sync = sync
+        self.last_chunk: Optional[dict] = None  # the entry of the last chunk written (the hash chain's end)
+        self.tables: Dict[str, dict] = {}  # per plate: the file of its permutation table and its epoch
+        self.written = 0  # draws already in chunk files
+        self.steps_done = 0
+
+    def write(self, steps_done: int, phase: str, kernel: SGMCMCKernel, store: DrawStore) -> None:
+        """One chunk with the draws since the last write (O(k)), a new permutation table if an epoch began,
+        then the index: written together (their fsyncs concurrent), renamed in that order."""
+        pending: list = []
+        last_chunk = self.last_chunk
+        if store.count > self.written:
+            positions, stats = store.filled(self.written)
+            last_chunk = write_chunk(self.path, self.written, positions, stats, last_chunk, pending=pending)
+        state = self._externalise(kernel.state_dict(), pending)
+        payload = {
+            "fingerprint": self.fingerprint,
+            "steps_done": steps_done,
+            "phase": phase,
+            "kernel": state,
+            "last_chunk": last_chunk,
+        }
+        save_checkpoint(payload, self.path, pending=pending)
+        commit_files(pending, self.sync)
+        self.last_chunk, self.written, self.steps_done = last_chunk, store.count, steps_done
+        self._forget_replaced_tables()
+
+    def _externalise(self, state: dict, pending: list) -> dict:
+        """Move the minibatch permutation tables out of the index: each in its own file, written only when
+        its plate has begun a new epoch since the previous write (O(C N) once per epoch, not per write)."""
+        minibatches = dict(state["minibatches"])
+        epochs = minibatches.get("epochs", {})
+        files = {}
+        for name, table in minibatches.pop("permutations").items():
+            entry = self.tables.get(name)
+            if entry is None or entry["epoch"] != epochs.get(name):
+                entry = {**write_blob(self.path, table, pending=pending), "epoch": epochs.get(name), "replaces": entry}
+                self.tables[name] = entry
+            files[name] = {"file": entry["file"], "sha256": entry["sha256"]}
+        minibatches["permutation_files"] = files
+        return {**state, "minibatches": minibatches}
+
+    def _forget_replaced_tables(self) -> None:
+        """Delete the table files the new index no longer names (after it replaced the previous index)."""
+        for entry in self.tables.values():
+            replaced = entry.pop("replaces", None)
+            if replaced is not None and replaced["file"] != entry["file"]:
+                (chunk_directory(self.path) / replaced["file"]).unlink(missing_ok=True)
+
+    def _internalise(self, state: Any) -> dict:
+        """The kernel's state with its permutation tables read back from their files (verified)."""
+        if not isinstance(state, dict) or not isinstance(state.get("minibatches"), dict):
+            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
+        minibatches = dict(state["minibatches"])
+        files = minibatches.pop("permutation_files", {})
+        if not isinstance(files, dict):
+            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel/minibatches' is malformed")
+        minibatches["permutations"] = {
+            name: read_blob(self.path, entry, f"kernel/minibatches/permutation_files/{name}")
+            for name, entry in files.items()
+        }
+        epochs = minibatches.get("epochs", {})
+        self.tables = {name: {**entry, "epoch": epochs.get(name)} for name, entry in files.items()}
+        return {**state, "minibatches": minibatches}
+
+    def resume(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength) -> None:
+        """Load, verify and validate the checkpoint into ``kernel`` and ``store``."""
+        saved = load_checkpoint(self.path, self.fingerprint)
+        steps_done = saved.get("steps_done")
+        total = length.total_steps
+        if isinstance(steps_done, bool) or not isinstance(steps_done, int) or not 0 <= steps_done <= total:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path}: steps_done={steps_done!r} is not a step of this run (0 to {total})"
+            )
+        expected = length.draws_after(steps_done)
+        for entry, positions, stats in read_chunks(self.path, saved.get("last_chunk")):
+            self._extend(store, entry, positions, stats)
+        if store.count != expected:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path}: {store.count} draws saved, but a run stopped after {steps_done} steps keeps "
+                f"{expected}"
+            )
+        state = self._internalise(saved.get("kernel"))
+        try:
+            kernel.load_state_dict(state)
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path}: the kernel's state cannot be restored ({type(error).__name__}: {error})"
+            ) from error
+        _validate_state(self.path, kernel, steps_done)
+        self.last_chunk, self.written, self.steps_done = saved.get("last_chunk"), store.count, steps_done
+
+    def _extend(self, store: DrawStore, entry: dict, positions: torch.Tensor, stats: Dict[str, torch.Tensor]) -> None:
+        """Check one chunk's draws against this run (shapes, dtype, finite) and append them to ``store``."""
+        expected = (store.num_chains, entry["stop"] - entry["start"], store.positions.shape[-1])
+        if tuple(positions.shape) != expected or positions.dtype != store.positions.dtype:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path}: draw chunk {entry['file']} holds positions of shape {tuple(positions.shape)} "
+                f"({positions.dtype}); this run's are {expected} ({store.positions.dtype})"
+            )
+        if not bool(torch.isfinite(positions).all()):
+            raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']} holds non-finite positions")
+        try:
+            store.extend(
+                positions.to(store.positions.device), {k: v.to(store.positions.device) for k, v in stats.items()}
+            )
+        except (ValueError, RuntimeError) as error:
+            raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']}: {error}") from error
+
+
+def _validate_state(path: Path, kernel: SGMCMCKernel, steps_done: int) -> None:
+    """The restored chains: at the saved step, finite, of the model's shapes."""
+    state = kernel.state
+    if state.step != steps_done:
+        raise CheckpointMismatch(f"checkpoint {path}: the kernel's state is at step {state.step}, not {steps_done}")
+    for name in ("position", "momentum", "potential", "grad", "thermostat"):
+        value = getattr(state, name)
+        if value is not None and not bool(torch.isfinite(value).all()):
+            raise CheckpointMismatch(f"checkpoint {path}: the chains' saved {name} is not finite")
+
+
+def _data_fingerprint(args: tuple, kwargs: dict) -> list:
+    """Per model argument: a tensor's dtype, shape and SHA-256 (one pass, once per checkpointed run); else its type."""
+    out = []
+    for key, value in [(str(i), v) for i, v in enumerate(args)] + sorted(kwargs.items()):
+        if torch.is_tensor(value):
+            tensor = value.detach().cpu().contiguous()
+            digest = (
+                hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                if tensor.numel()
+                else ""
+            )
+            out.append((key, str(tensor.dtype), tuple(tensor.shape), digest))
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out.append((key, repr(value)))
+        else:
+            out.append((key, type(value).__name__))
+    return out

@@ -1,0 +1,52 @@
+"""What is left of a run that stopped early: where it stopped, and the warning and error its readers raise."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+__all__ = ["PartialRun", "PartialRunWarning", "RunNotFinished"]
+
+
+class PartialRunWarning(UserWarning):
+    """The draws read come from a run that stopped before its end (see :attr:`pyro_sgmcmc.MCMC.partial`)."""
+
+
+class RunNotFinished(RuntimeError):
+    """There are no draws to read: the run was not started, or stopped before its first kept draw."""
+
+
+class PartialRun(NamedTuple):
+    """Where an interrupted run stopped (:attr:`pyro_sgmcmc.MCMC.partial`).
+
+    Attributes
+    ----------
+    steps_done, total_steps : int
+        Steps completed (warmup included) and the steps of the complete run.
+    num_draws, num_samples : int
+        Draws kept per chain so far, and those a complete run keeps.
+    error : str
+        The exception that stopped the run (type and message).
+    checkpoint_path : str or None
+        The run's checkpoint, from which :meth:`pyro_sgmcmc.MCMC.run` with the same settings resumes.
+    """
+
+    steps_done: int
+    total_steps: int
+    num_draws: int
+    num_samples: int
+    error: str
+    checkpoint_path: Optional[str]
+
+    def describe(self) -> str:
+        """One sentence: where the run stopped, what is kept, how to continue."""
+        if self.checkpoint_path is not None:
+            resume = (
+                f"call run() again with the same settings and checkpoint_path={self.checkpoint_path!r} "
+                "to resume from its last checkpoint"
+            )
+        else:
+            resume = "run it again (pass checkpoint_path to be able to resume an interrupted run)"
+        return (
+            f"the run stopped at step {self.steps_done} of {self.total_steps} ({self.error}) with "
+            f"{self.num_draws} of {self.num_samples} draws per chain; {resume}"
+        )
