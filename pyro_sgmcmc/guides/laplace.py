@@ -29,7 +29,7 @@ from pyro.infer.autoguide.initialization import init_to_median
 from torch.distributions import biject_to
 
 from ..model.potential import ModelPotential
-from ._checks import check_bool, check_callable, check_positive_int, check_precision
+from ._checks import NOT_GIVEN, check_bool, check_callable, check_positive_int, check_precision, renamed_argument
 from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_terms
 from .evidence import GaussianNoise, gaussian_noise
 from .kron import KroneckerNormal, KroneckerPrecision
@@ -77,9 +77,10 @@ class AutoLaplace(AutoLaplaceApproximation):
         By default the model's own prior enters through its exact Hessian.
     num_mc_samples : int
         Labels drawn per example for likelihoods whose Fisher has no closed form here (``*_ggn``).
-    mc_fisher : bool
+    monte_carlo_fisher : bool
         ``*_ggn`` with Monte Carlo labels for every likelihood, Categorical included: one backward
         pass per label and example instead of one per class, an unbiased estimate of the diagonal.
+        (Formerly ``mc_fisher``: that spelling still works for one release, with a ``FutureWarning``.)
     init_loc_fn : callable
         Pyro init strategy for the MAP point (``init_to_sample`` breaks the symmetry of a network).
     disable_progbar : bool
@@ -119,16 +120,18 @@ class AutoLaplace(AutoLaplaceApproximation):
         *,
         prior_precision: Optional[PriorPrecision] = None,
         num_mc_samples: int = 1,
-        mc_fisher: bool = False,
+        monte_carlo_fisher: bool = False,
         init_loc_fn=init_to_median,
         disable_progbar: bool = False,
         subset_of_weights: Union[str, Sequence[str]] = "all",
+        mc_fisher=NOT_GIVEN,
     ) -> None:
         check_callable(model, "model")
         self.subset_of_weights = check_subset(subset_of_weights)
         check_callable(init_loc_fn, "init_loc_fn")
         self.curvature = Curvature.parse(curvature)
-        self.mc_fisher = check_bool(mc_fisher, "mc_fisher")
+        monte_carlo_fisher, name = renamed_argument("mc_fisher", mc_fisher, "monte_carlo_fisher", monte_carlo_fisher)
+        self.monte_carlo_fisher = check_bool(monte_carlo_fisher, name)
         if prior_precision is not None:
             check_precision(prior_precision)
         num_mc_samples = check_positive_int(num_mc_samples, "num_mc_samples")
@@ -214,8 +217,8 @@ class AutoLaplace(AutoLaplaceApproximation):
         position = torch.empty_like(loc)
         position[perm] = loc  # guide order -> potential (sorted-name) order
         likelihood = likelihood_curvature(
-            potential, position, self.curvature, num_mc_samples=self.num_mc_samples, mc_fisher=self.mc_fisher,
-            disable_progbar=self.disable_progbar,
+            potential, position, self.curvature, num_mc_samples=self.num_mc_samples,
+            monte_carlo_fisher=self.monte_carlo_fisher, disable_progbar=self.disable_progbar,
         )  # fmt: skip
         prior = prior_terms(potential, position, full=self.curvature.is_dense)
 

@@ -215,7 +215,7 @@ class _LinearLayerPath:
         self.unconstrained = all(_identity(site["fn"].support) for _, site in sites)
 
     def __call__(self, theta, xb):
-        from .curvature import _LinearRecorder
+        from .curvature.linear import LinearRecorder
 
         laplace = self.laplace
         names = list(laplace.site_slices)
@@ -224,7 +224,7 @@ class _LinearLayerPath:
         with torch.enable_grad():
             params = laplace.params(theta.detach().requires_grad_(True))
             latent = {name: params[name] for name in names}
-            recorder = _LinearRecorder({id(value): name for name, value in latent.items()})
+            recorder = LinearRecorder({id(value): name for name, value in latent.items()})
             with recorder:
                 out = self.fn(params, xb)
             batch = xb.shape[0]
