@@ -283,11 +283,15 @@ def test_autodiagvi_temperature_and_init_scale(value):
     check(lambda: AutoDiagVI(model, init_scale=value), verdict, "init_scale")
     guide = AutoDiagVI(model)
     check(lambda: setattr(guide, "temperature", value), verdict, "temperature")
+    check(lambda: AutoDiagVI(model, kl_weight=value), verdict, "kl_weight")
+    check(lambda: TemperedELBO(kl_weight=value), VALID if value is None else verdict, "kl_weight")  # None: the guide's
 
 
 @GUIDES
 @given(value=hostile())
-def test_autodiagvi_stl_model_and_init_loc_fn(value):
+@pytest.mark.filterwarnings("ignore:stl= is deprecated:FutureWarning")
+def test_autodiagvi_sticking_the_landing_model_and_init_loc_fn(value):
+    check(lambda: AutoDiagVI(model, sticking_the_landing=value), bool_verdict(value), "sticking_the_landing")
     check(lambda: AutoDiagVI(model, stl=value), bool_verdict(value), "stl")
     check(lambda: AutoDiagVI(value), INVALID, "model")
     check(lambda: AutoDiagVI(model, init_loc_fn=value), INVALID, "init_loc_fn")

@@ -142,7 +142,7 @@ def test_correlated_design_converges_to_the_diagonal_optimum():
 
 
 @pytest.mark.parametrize("temperature", [0.25, 1.0, 4.0])
-def test_temperature_scales_the_optimum_sd_as_sqrt_t(temperature):
+def test_kl_weight_scales_the_optimum_sd_as_sqrt_t(temperature):
     """Orthogonal design (X^T X = N I, N = 100), STL: the tempered optimum, exactly and by SVI.
 
     Oracle: the target ``p(y | w)^(1/T) p(w)`` is N(m_T, diag(1 / (1 + N / T))), so
@@ -164,7 +164,7 @@ def test_temperature_scales_the_optimum_sd_as_sqrt_t(temperature):
     correction = math.sqrt((1 + num_data) / (temperature + num_data))
     assert torch.allclose(sd / sd_1, torch.full((3,), math.sqrt(temperature) * correction), rtol=1e-12)
 
-    guide = AutoDiagVI(regression_model, stl=True, temperature=temperature)
+    guide = AutoDiagVI(regression_model, sticking_the_landing=True, kl_weight=temperature)
     guide(x, y)
     set_guide(guide, mean, sd)
     assert gradient_draws(guide, x, y, 5).abs().max() < 1e-8
@@ -172,10 +172,54 @@ def test_temperature_scales_the_optimum_sd_as_sqrt_t(temperature):
     assert (gradient_draws(guide, x, y, 1).abs().max() > 1e-4) == (temperature != 1.0)
 
     pyro.clear_param_store()
-    guide = fit(x, y, steps=300, stl=True, temperature=temperature)
+    guide = fit(x, y, steps=300, sticking_the_landing=True, kl_weight=temperature)
     loc, scale = loc_scale(guide)
     assert torch.all((loc - mean).abs() < 1e-3 * sd), (loc, mean)
     assert torch.allclose(scale, sd, rtol=1e-3), (scale, sd)
+
+
+@pytest.mark.parametrize("temperature", [0.25, 1.0, 4.0])
+def test_temperature_tempers_the_whole_posterior_as_the_kernels(temperature):
+    """``temperature=T`` targets ``p(w | y)^(1/T)``, prior included, as the SG-MCMC kernels do.
+
+    Oracle (conjugate Gaussian, orthogonal design): the posterior is N(m_1, Lambda_1^-1) with a
+    diagonal Lambda_1, so the tempered posterior is N(m_1, T Lambda_1^-1): the same mean, sd
+    sqrt(T) sd_1 exactly (no c_T correction, unlike the KL weight).
+
+    1. Exact: at (m_1, sqrt(T) sd_1) q equals the target, so the STL gradient of the tempered
+       loss is 0 for every draw (< 1e-8); at the KL weight's optimum (likelihood tempered only)
+       it is not (for T != 1).
+    2. SVI with STL from the default start reaches it to 1e-3 sd (the optimiser's error, as in the
+       KL-weight test).
+    """
+    x, y = regression_data(orthogonal=True, seed=3)
+    mean_1, precision_1 = tempered_target(x, y, 1.0)
+    sd = math.sqrt(temperature) * precision_1.diagonal().rsqrt()
+    guide = AutoDiagVI(regression_model, sticking_the_landing=True, temperature=temperature)
+    guide(x, y)
+    set_guide(guide, mean_1, sd)
+    assert gradient_draws(guide, x, y, 5).abs().max() < 1e-8
+    kl_mean, kl_precision = tempered_target(x, y, temperature)
+    set_guide(guide, kl_mean, kl_precision.diagonal().rsqrt())
+    assert (gradient_draws(guide, x, y, 1).abs().max() > 1e-4) == (temperature != 1.0)
+
+    pyro.clear_param_store()
+    guide = fit(x, y, steps=300, sticking_the_landing=True, temperature=temperature)
+    loc, scale = loc_scale(guide)
+    assert torch.all((loc - mean_1).abs() < 1e-3 * sd), (loc, mean_1)
+    assert torch.allclose(scale, sd, rtol=1e-3), (scale, sd)
+
+
+def test_temperature_and_kl_weight_combine():
+    """``kl_weight=w, temperature=T`` targets ``(p(y | w)^(1/w) p(w))^(1/T)``: at its mean and sd
+    (closed form, orthogonal design) every STL draw has zero gradient."""
+    x, y = regression_data(orthogonal=True, seed=3)
+    kl_weight, temperature = 0.5, 2.0
+    mean, precision = tempered_target(x, y, kl_weight)
+    guide = AutoDiagVI(regression_model, sticking_the_landing=True, temperature=temperature, kl_weight=kl_weight)
+    guide(x, y)
+    set_guide(guide, mean, (precision.diagonal() / temperature).rsqrt())
+    assert gradient_draws(guide, x, y, 5).abs().max() < 1e-8
 
 
 def test_minibatches_converge():
@@ -193,7 +237,8 @@ def test_minibatches_converge():
     x, y = regression_data(seed=4)
     mean, precision = tempered_target(x, y)
     sd = precision.diagonal().rsqrt()
-    guide = fit(x, y, steps=400, lrd=0.985, particles=32, stl=True, model_kwargs={"subsample_size": 20})
+    guide = fit(x, y, steps=400, lrd=0.985, particles=32, sticking_the_landing=True,
+                model_kwargs={"subsample_size": 20})  # fmt: skip
     loc, scale = loc_scale(guide)
     assert torch.all((loc - mean).abs() < 0.75 * sd), (loc, mean)
     assert torch.allclose(scale, sd, rtol=0.1), (scale, sd)
@@ -225,13 +270,15 @@ def test_minibatch_loss_and_gradient_are_unbiased():
 
 
 # ---------------------------------------------------------------------- the objective
+@pytest.mark.parametrize("setting", ["temperature", "kl_weight"])
 @pytest.mark.parametrize("subsample_size", [None, 25])
-def test_tempered_elbo_is_the_kl_weighted_objective(subsample_size):
-    """One-draw loss, recomputed by hand from the same random draws:
-    ``-(N/B) log p(y_B | w) + T (log q(w) - log p(w))`` (exact up to rounding, 1e-10)."""
+def test_tempered_elbo_is_the_tempered_objective(subsample_size, setting):
+    """One-draw loss, recomputed by hand from the same random draws (exact up to rounding, 1e-10):
+    ``temperature=T``: ``-(N/B) log p(y_B | w) - log p(w) + T log q(w)``;
+    ``kl_weight=T``: ``-(N/B) log p(y_B | w) + T (log q(w) - log p(w))``."""
     x, y = regression_data(seed=6)
     temperature = 0.3
-    guide = AutoDiagVI(regression_model, temperature=temperature, init_scale=0.2)
+    guide = AutoDiagVI(regression_model, init_scale=0.2, **{setting: temperature})
     guide(x, y)
 
     pyro.set_rng_seed(7)
@@ -248,7 +295,10 @@ def test_tempered_elbo_is_the_kl_weighted_objective(subsample_size):
     log_prior = dist.Normal(0.0, 1.0).log_prob(w).sum()
     z = guide_trace.nodes["_AutoDiagVI_latent"]["value"]
     log_q = dist.Normal(guide.loc, guide.scale).log_prob(z).sum()  # real sites: no Jacobian
-    expected = -log_lik + temperature * (log_q - log_prior)
+    if setting == "kl_weight":
+        expected = -log_lik + temperature * (log_q - log_prior)
+    else:
+        expected = -log_lik - log_prior + temperature * log_q
     assert loss == pytest.approx(expected.item(), rel=1e-10)
 
 
@@ -283,7 +333,7 @@ def test_constrained_site_jacobian_and_as_prior():
     precision = 1 + len(y) / 0.25
     mean = y.log().sum() / 0.25 / precision
     pyro.set_rng_seed(11)
-    guide = AutoDiagVI(model, stl=True)
+    guide = AutoDiagVI(model, sticking_the_landing=True)
     svi = SVI(model, guide, adam(), TemperedELBO())
     for _ in range(300):
         svi.step(y)
@@ -304,13 +354,13 @@ def test_as_prior_continual_learning():
     reached to optimiser precision with STL (tolerance 1e-3 sd, as in the temperature test)."""
     x1, y1 = regression_data(orthogonal=True, seed=12)
     x2, y2 = regression_data(num_data=60, orthogonal=True, seed=13)
-    guide = fit(x1, y1, steps=250, stl=True)
+    guide = fit(x1, y1, steps=250, sticking_the_landing=True)
     prior = guide.as_prior()
     assert isinstance(prior["w"], dist.Independent) and prior["w"].event_shape == (3,)
     loc1 = guide.loc.detach().clone()
 
     pyro.clear_param_store()  # the prior holds detached copies: the next guide starts afresh
-    guide2 = fit(x2, y2, steps=250, stl=True, model_kwargs={"prior": prior})
+    guide2 = fit(x2, y2, steps=250, sticking_the_landing=True, model_kwargs={"prior": prior})
     mean, precision = tempered_target(torch.cat([x1, x2]), torch.cat([y1, y2]))
     sd = precision.diagonal().rsqrt()
     loc, scale = loc_scale(guide2)
@@ -371,7 +421,7 @@ def test_stl_lowers_the_gradient_variance_at_the_optimum(correlation):
     variances = {}
     for stl in (False, True):
         pyro.clear_param_store()
-        guide = AutoDiagVI(regression_model, stl=stl)
+        guide = AutoDiagVI(regression_model, sticking_the_landing=stl)
         guide(x, y)
         set_guide(guide, mean, sd)
         grads = gradient_draws(guide, x, y, 100)
@@ -399,7 +449,7 @@ def test_pyro_adam_and_torch_adam_take_the_same_steps():
     for use_torch in (False, True):
         pyro.clear_param_store()
         pyro.set_rng_seed(16)
-        guide = AutoDiagVI(regression_model, temperature=0.5, stl=True)
+        guide = AutoDiagVI(regression_model, temperature=0.5, sticking_the_landing=True)
         guide(x, y)  # creates the parameters
         elbo = TemperedELBO()
         if use_torch:
@@ -434,7 +484,7 @@ def test_torchopt_adam_takes_torch_adams_steps_and_converges():
     for name, optimizer_class in (("torch", torch.optim.Adam), ("torchopt", torchopt.Adam)):
         pyro.clear_param_store()
         pyro.set_rng_seed(0)
-        guide = AutoDiagVI(regression_model, stl=True)
+        guide = AutoDiagVI(regression_model, sticking_the_landing=True)
         guide(x, y)
         optimizer = optimizer_class(guide.parameters(), lr=0.01)
         trajectories[name] = []
@@ -524,11 +574,11 @@ def test_pickle_round_trip():
     import pickle
 
     x, y = regression_data(num_data=5)
-    guide = AutoDiagVI(regression_model, temperature=0.5, stl=True, init_scale=0.2)
+    guide = AutoDiagVI(regression_model, temperature=0.5, sticking_the_landing=True, init_scale=0.2)
     guide(x, y)
     copy = pickle.loads(pickle.dumps(guide))
     assert torch.equal(copy.loc, guide.loc) and torch.equal(copy.log_scale, guide.log_scale)
-    assert (copy.temperature, copy.stl, copy.init_scale) == (0.5, True, 0.2)
+    assert (copy.temperature, copy.sticking_the_landing, copy.init_scale) == (0.5, True, 0.2)
     assert torch.equal(copy.median()["w"], guide.median()["w"])
 
 
@@ -564,9 +614,20 @@ def test_default_init_scale_is_log_sd_minus_three():
     assert torch.allclose(guide.log_scale, torch.full((3,), -3.0))
 
 
-def test_bad_stl():
-    with pytest.raises(TypeError, match="stl"):
+def test_bad_sticking_the_landing():
+    with pytest.raises(TypeError, match="sticking_the_landing"):
+        AutoDiagVI(regression_model, sticking_the_landing="yes")
+    with pytest.warns(FutureWarning, match="sticking_the_landing"), pytest.raises(TypeError, match="stl"):
         AutoDiagVI(regression_model, stl="yes")
+
+
+def test_stl_is_the_deprecated_spelling_of_sticking_the_landing():
+    """``stl=`` still works for one release, with a FutureWarning naming the new spelling."""
+    with pytest.warns(FutureWarning, match="sticking_the_landing"):
+        guide = AutoDiagVI(regression_model, stl=True)
+    assert guide.sticking_the_landing is True
+    with pytest.warns(FutureWarning, match="sticking_the_landing"):
+        assert guide.stl is True
 
 
 def test_discrete_latent_sites_are_named():
@@ -599,6 +660,10 @@ def test_conflicting_temperatures():
     TemperedELBO(temperature=0.5).loss(regression_model, guide, x, y)
     assert TemperedELBO(temperature=0.25).resolve_temperature(lambda: None) == 0.25
     assert TemperedELBO().resolve_temperature(guide) == 0.5
+    guide = AutoDiagVI(regression_model, kl_weight=0.5)
+    with pytest.raises(ValueError, match="disagrees"):
+        TemperedELBO(kl_weight=0.25).loss(regression_model, guide, x, y)
+    assert TemperedELBO().resolve_kl_weight(guide) == 0.5
 
 
 def test_untempered_elbo_warns_but_predictive_does_not():
