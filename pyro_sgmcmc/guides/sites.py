@@ -24,6 +24,7 @@ __all__ = [
     "site_prior",
     "reshaped",
     "prototype_frames",
+    "potential_permutation",
 ]
 
 
@@ -80,3 +81,21 @@ def site_prior(base: dist.Distribution, site: dict) -> dist.Distribution:
     """``base`` (over the unconstrained value) pushed through the site's ``biject_to(support)``."""
     transform = biject_to(site["fn"].support)
     return base if is_identity_transform(transform) else dist.TransformedDistribution(base, [transform])
+
+
+def potential_permutation(names, shapes, potential) -> torch.Tensor:
+    """Indices ``perm`` with ``guide_vector = potential_vector[perm]`` for the guide's sites ``names``.
+
+    The guide lays sites out in model order, :class:`~pyro_sgmcmc.ModelPotential` in sorted-name
+    order; ``shapes`` are the guide's unconstrained shapes (checked against the potential's).
+    """
+    by_name = {site.name: site for site in potential.sites}
+    if sorted(names) != sorted(by_name):
+        raise ValueError(f"the guide's latent sites {list(names)} differ from the model's {sorted(by_name)}")
+    parts = []
+    for name in names:
+        site = by_name[name]
+        if tuple(site.unconstrained_shape) != tuple(shapes[name]):
+            raise ValueError(f"site {name!r} changed shape since the guide was set up")
+        parts.append(torch.arange(site.offset, site.offset + site.numel))
+    return torch.cat(parts)
