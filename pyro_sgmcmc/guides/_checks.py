@@ -9,7 +9,15 @@ from typing import Mapping, Tuple
 
 import torch
 
-__all__ = ["check_bool", "check_callable", "check_positive_int", "check_precision", "renamed_argument", "NOT_GIVEN"]
+__all__ = [
+    "check_bool",
+    "check_callable",
+    "check_positive_int",
+    "check_positive_real",
+    "check_precision",
+    "renamed_argument",
+    "NOT_GIVEN",
+]
 
 
 def check_bool(value, name: str) -> bool:
@@ -34,6 +42,16 @@ def check_positive_int(value, name: str, low: int = 1) -> int:
     if value < low:
         raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
     return value
+
+
+def check_positive_real(value, name: str, hint: str = "") -> float:
+    """A positive finite real number as a ``float`` (``True`` and strings refused); ``hint`` ends the message."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a positive finite number; got {value!r}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} must be a positive finite number; got {value!r}{hint}")
+    return number
 
 
 def _check_one_precision(value, name: str, allow_tensor_shape: bool) -> None:

@@ -191,24 +191,21 @@ class DiagPrecision(Precision):
 class DensePrecision(Precision):
     """A dense :math:`\\Lambda = s H + P` through its Cholesky factor :math:`\\Lambda = L L^\\top`."""
 
-    def __init__(self, curvature: torch.Tensor, slices: Dict[str, slice]) -> None:
+    def __init__(self, curvature: torch.Tensor, slices: Dict[str, slice], matrix: Optional[torch.Tensor] = None,
+                 likelihood_scale=1.0) -> None:  # fmt: skip
         super().__init__(slices)
         self.curvature = curvature
-        self._set(curvature)
+        self.likelihood_scale = likelihood_scale
+        self.matrix = curvature if matrix is None else matrix
+        self.cholesky, self.info = torch.linalg.cholesky_ex(self.matrix)
+        self._scale_tril: Optional[torch.Tensor] = None
 
     dtype = property(lambda self: self.matrix.dtype)
     device = property(lambda self: self.matrix.device)
 
-    def _set(self, matrix: torch.Tensor) -> None:
-        self.matrix = matrix
-        self.cholesky, self.info = torch.linalg.cholesky_ex(matrix)
-        self._scale_tril: Optional[torch.Tensor] = None
-
     def with_prior(self, prior, likelihood_scale=1.0, what="prior precision") -> "DensePrecision":
-        other = copy.copy(self)
-        other.likelihood_scale = likelihood_scale
-        other._set(self.curvature * likelihood_scale + (torch.diag(prior) if prior.dim() == 1 else prior))
-        return other
+        matrix = self.curvature * likelihood_scale + (torch.diag(prior) if prior.dim() == 1 else prior)
+        return DensePrecision(self.curvature, self.slices, matrix, likelihood_scale)
 
     def double(self) -> "DensePrecision":
         return DensePrecision(self.curvature.double(), self.slices)

@@ -29,31 +29,24 @@ target :math:`(p(y \mid \theta)^{1/w} p(\theta))^{1/T}`. Both are 1 by default (
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Callable, Optional, Tuple
 
 import torch
 from pyro.infer import Trace_ELBO
 from pyro.poutine.messenger import Messenger
 
-from ._checks import check_bool, check_positive_int
+from ._checks import check_bool, check_positive_int, check_positive_real
 
 __all__ = ["TemperedELBO", "TemperedGuide", "check_temperature"]
 
 
 def check_temperature(value, name: str = "temperature") -> float:
     """A positive finite real number (``True`` and strings refused)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a positive finite number; got {value!r}")
-    value = float(value)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(
-            f"{name} must be a positive finite number; got {value!r}. Variational inference needs "
-            f"{name} > 0: at 0 the objective loses the entropy, sigma collapses to 0 and the mean goes to a "
-            "point estimate. For a point estimate use pyro.infer.autoguide.AutoDelta, or the SG-MCMC kernels "
-            "with temperature=0."
-        )
-    return value
+    return check_positive_real(
+        value, name, f". Variational inference needs {name} > 0: at 0 the objective loses the entropy, sigma "
+        "collapses to 0 and the mean goes to a point estimate. For a point estimate use "
+        "pyro.infer.autoguide.AutoDelta, or the SG-MCMC kernels with temperature=0.",
+    )
 
 
 class TemperedGuide:

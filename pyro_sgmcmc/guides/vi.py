@@ -15,7 +15,6 @@ gradient, the package's model check, and the posterior as the next task's prior.
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from typing import Callable, Dict
 
@@ -27,7 +26,7 @@ from pyro.infer.autoguide import AutoDiagonalNormal
 from pyro.infer.autoguide.initialization import init_to_median
 
 from ..model.potential import ModelPotential
-from ._checks import NOT_GIVEN, check_bool, check_callable, renamed_argument
+from ._checks import NOT_GIVEN, check_bool, check_callable, check_positive_real, renamed_argument
 from .sites import site_prior, split_latent, unconstrained_shapes
 from .tempering import TemperedELBO, TemperedGuide, check_temperature
 
@@ -37,15 +36,10 @@ DEFAULT_INIT_SCALE = math.exp(-3.0)  # initial sigma: log-sd -3, a common choice
 
 
 def _check_init_scale(init_scale) -> float:
-    if isinstance(init_scale, bool) or not isinstance(init_scale, numbers.Real):
-        raise ValueError(f"init_scale must be a positive finite float; got {init_scale!r}")
-    init_scale = float(init_scale)
-    if not (math.isfinite(init_scale) and init_scale > 0):
-        raise ValueError(
-            f"init_scale must be a positive finite float (the initial standard deviation sigma of every "
-            f"unconstrained coordinate; the default {DEFAULT_INIT_SCALE:.4f} is log-sd -3); got {init_scale!r}"
-        )
-    return init_scale
+    return check_positive_real(
+        init_scale, "init_scale", f" (the initial standard deviation sigma of every unconstrained coordinate; the "
+        f"default {DEFAULT_INIT_SCALE:.4f} is log-sd -3)",
+    )
 
 
 class _StickingTheLandingNormal(dist.Normal):
