@@ -17,6 +17,7 @@ linearised predictive, the marginal likelihood and the prior for the next task.
 
 from __future__ import annotations
 
+import warnings
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pyro  # noqa: F401  (the docstring examples use it)
@@ -140,6 +141,13 @@ class AutoLaplace(AutoLaplaceApproximation):
         super().__init__(model, init_loc_fn=init_loc_fn)
         self._model_box = (model,)  # a tuple: a PyroModule model is never registered as a submodule
         self.prior_precision = prior_precision  # after Module.__init__: it may be a tensor
+
+    @property
+    def mc_fisher(self) -> bool:
+        """Deprecated spelling of :attr:`monte_carlo_fisher` (``FutureWarning``)."""
+        warnings.warn("AutoLaplace.mc_fisher is deprecated; use AutoLaplace.monte_carlo_fisher", FutureWarning,
+                      stacklevel=2)  # fmt: skip
+        return self.monte_carlo_fisher
 
     @property
     def raw_model(self):

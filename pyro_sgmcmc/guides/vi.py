@@ -28,7 +28,7 @@ from pyro.infer.autoguide.initialization import init_to_median
 from ..model.potential import ModelPotential
 from ._checks import NOT_GIVEN, check_bool, check_callable, check_positive_real, renamed_argument
 from .sites import site_prior, split_latent, unconstrained_shapes
-from .tempering import TemperedELBO, TemperedGuide, check_temperature
+from .tempering import TemperedELBO, TemperedGuide  # TemperedELBO: re-exported (its former home)
 
 __all__ = ["AutoDiagVI", "TemperedELBO", "DEFAULT_INIT_SCALE"]
 
@@ -237,7 +237,3 @@ class AutoDiagVI(TemperedGuide, AutoDiagonalNormal):
             event_dim = site["fn"].event_dim + site_loc.dim() - site["value"].dim()
             priors[site["name"]] = site_prior(dist.Normal(site_loc, site_scale).to_event(event_dim), site)
         return priors
-
-
-# re-exported for ``from pyro_sgmcmc.guides.vi import TemperedELBO``
-_ = (TemperedELBO, check_temperature)

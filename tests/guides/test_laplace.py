@@ -557,6 +557,8 @@ def test_mc_fisher_is_the_deprecated_spelling_of_monte_carlo_fisher():
     with pytest.warns(FutureWarning, match="monte_carlo_fisher"):
         guide = AutoLaplace(model, mc_fisher=True)
     assert guide.monte_carlo_fisher is True
+    with pytest.warns(FutureWarning, match="monte_carlo_fisher"):
+        assert guide.mc_fisher is True
     x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
     y = (x[:, 0] > 0).float()
     potential = ModelPotential(model, (x, y))
