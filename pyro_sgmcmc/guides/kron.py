@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -92,6 +93,13 @@ class KronPrecision(Precision):
         """The same factors with the prior :math:`\\mathrm{diag}(p)`, ``(d,)`` and constant within each
         site (a copy; the eigenbases are shared)."""
         other = copy.copy(self)
+        if prior.shape[-1] == len(self.names) != self.dim:  # the former argument: one number per site
+            warnings.warn(
+                "KronPrecision.with_prior takes the (d,) prior diagonal now; one number per site is deprecated "
+                "(use set_prior_precision for that)", FutureWarning, stacklevel=2,
+            )  # fmt: skip
+            other.set_prior_precision(prior, likelihood_scale)
+            return other
         other.set_prior_precision(self.site_values(prior, what), likelihood_scale)
         return other
 

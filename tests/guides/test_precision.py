@@ -96,3 +96,11 @@ def test_make_precision_picks_the_representation_and_the_old_name_still_works():
     g, a = _spd(2, 0), _spd(3, 1)
     assert isinstance(make_precision(torch.ones(8), SLICES, {"w": (g, a), "b": (g,)}), KronPrecision)
     assert KroneckerPrecision is KronPrecision
+
+
+def test_kron_with_prior_still_takes_one_number_per_site_with_a_warning():
+    kron, matrix = _kron_and_dense()
+    with pytest.warns(FutureWarning, match=r"\(d,\) prior diagonal"):
+        old = kron.with_prior(torch.tensor([0.5, 2.0], dtype=torch.float64))
+    new = kron.with_prior(torch.tensor([0.5] * 6 + [2.0] * 2, dtype=torch.float64))
+    _close(old.dense(), new.dense())
