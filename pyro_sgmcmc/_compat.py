@@ -65,6 +65,17 @@ def unwrapped_constant(tensor: torch.Tensor) -> torch.Tensor | None:
 
 # ---------------------------------------------------------------------------- guides room
 # (pyro_sgmcmc.guides)
+#
+# 1. ``MaskedDistribution._mask``. ``dist.mask(mask)`` keeps its mask in a private attribute and
+#    offers no public accessor; the GGN rows of a masked likelihood must zero the masked
+#    elements of the whitened outputs (not only of ``log_prob``). Public alternative: none that
+#    recovers the mask (``log_prob == 0`` confuses masked elements with zero densities). Gain:
+#    the exact GGN of ``poutine.mask``/``.mask()`` likelihoods, tested in tests/guides.
+
+
+def distribution_mask(fn):
+    """The mask of a :class:`pyro.distributions.MaskedDistribution` (a bool or a bool tensor)."""
+    return fn._mask
 
 
 # ---------------------------------------------------------------------------- run room

@@ -1,6 +1,7 @@
 """Gaussian guides for Bayesian neural networks: scalable Laplace and tempered diagonal VI."""
 
 from .laplace import AutoLaplace, LaplaceApproximation
-from .vi import AutoDiagVI, TemperedELBO
+from .tempering import TemperedELBO
+from .vi import AutoDiagVI
 
 __all__ = ["AutoLaplace", "LaplaceApproximation", "AutoDiagVI", "TemperedELBO"]

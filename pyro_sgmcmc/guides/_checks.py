@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Mapping
+import warnings
+from typing import Mapping, Tuple
 
 import torch
 
-__all__ = ["check_bool", "check_callable", "check_positive_int", "check_precision"]
+__all__ = [
+    "check_bool",
+    "check_callable",
+    "check_positive_int",
+    "check_positive_real",
+    "check_precision",
+    "renamed_argument",
+    "NOT_GIVEN",
+]
 
 
 def check_bool(value, name: str) -> bool:
@@ -33,6 +42,16 @@ def check_positive_int(value, name: str, low: int = 1) -> int:
     if value < low:
         raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
     return value
+
+
+def check_positive_real(value, name: str, hint: str = "") -> float:
+    """A positive finite real number as a ``float`` (``True`` and strings refused); ``hint`` ends the message."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a positive finite number; got {value!r}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} must be a positive finite number; got {value!r}{hint}")
+    return number
 
 
 def _check_one_precision(value, name: str, allow_tensor_shape: bool) -> None:
@@ -65,3 +84,31 @@ def check_precision(value, name: str = "prior_precision") -> None:
             _check_one_precision(item, f"{name}[{key!r}]", allow_tensor_shape=True)
         return
     _check_one_precision(value, name, allow_tensor_shape=False)
+
+
+class _NotGiven:
+    """The default of a deprecated argument spelling: the caller did not pass it."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+#: Default of deprecated argument spellings (``None`` may be a value the caller passed).
+NOT_GIVEN = _NotGiven()
+
+
+def renamed_argument(old_name: str, old_value, new_name: str, new_value) -> Tuple[object, str]:
+    """``(value, name)`` of an argument renamed from ``old_name`` to ``new_name`` (kept for one release).
+
+    ``old_value`` is what the caller passed under the old spelling (:data:`NOT_GIVEN`: nothing).
+    Passing it emits a ``FutureWarning`` naming the new spelling, and ``name`` is then the old
+    spelling, so that a later check names the argument the caller wrote.
+    """
+    if old_value is NOT_GIVEN:
+        return new_value, new_name
+    warnings.warn(
+        f"{old_name}= is deprecated and will be removed in the next release; use {new_name}= instead",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return old_value, old_name

@@ -172,7 +172,9 @@ def gaussian_noise(potential, position: torch.Tensor) -> Optional[GaussianNoise]
     from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDistribution
     from torch.distributions import Independent, Normal
 
-    from .curvature import _observed_sites, _site_weight, _trace
+    from .curvature.rows import observed_sites as _observed_sites
+    from .curvature.rows import site_weight as _site_weight
+    from .curvature.rows import trace_at as _trace
 
     with torch.enable_grad():
         z = position.detach().clone().requires_grad_(True)

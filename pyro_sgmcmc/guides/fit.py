@@ -19,6 +19,7 @@ import torch
 
 from ..model.potential import ModelPotential
 from ._checks import check_positive_int
+from .sites import potential_permutation, unconstrained_shapes
 
 __all__ = ["fit_map"]
 
@@ -29,8 +30,6 @@ def fit_map(guide, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_c
     See :meth:`pyro_sgmcmc.guides.AutoLaplace.fit_map`. Returns the potential energy at each step
     (minibatch estimates).
     """
-    from .laplace import _permutation  # the guide <-> potential layout, shared with the curvature sweep
-
     num_steps = check_positive_int(num_steps, "num_steps")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"lr must be a positive number; got {lr!r}")
@@ -38,9 +37,9 @@ def fit_map(guide, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_c
         raise TypeError(f"seed must be an int; got {seed!r}")
     if guide.prototype_trace is None:
         guide(*args, **kwargs)
-    potential = ModelPotential(guide._raw_model, args, kwargs, jit_compile=jit_compile)
+    potential = ModelPotential(guide.raw_model, args, kwargs, jit_compile=jit_compile)
     names = [name for name, _ in guide.prototype_trace.iter_stochastic_nodes()]
-    perm = _permutation(names, guide._unconstrained_shapes, potential)
+    perm = potential_permutation(names, unconstrained_shapes(guide.prototype_trace), potential)
     start = torch.empty_like(guide.loc.detach())
     start[perm] = guide.loc.detach()
     position = torch.nn.Parameter(start)

@@ -26,16 +26,24 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Dict, List, Sequence, Tuple
 
 import torch
 from pyro.distributions import TorchDistribution, constraints
 
-__all__ = ["KroneckerPrecision", "KroneckerNormal"]
+from .curvature.kinds import MAX_FULL_DIM
+from .precision import Precision
+from .sites import reshaped
+
+__all__ = ["KronPrecision", "KroneckerPrecision", "KroneckerNormal"]
 
 
-class KroneckerPrecision:
+class KronPrecision(Precision):
     """A block-diagonal precision with one Kronecker-factored block per site (potential or guide order).
+
+    The :class:`~pyro_sgmcmc.guides.precision.Precision` interface, with every operation done in
+    the eigenbases of the factors (see the module).
 
     Parameters
     ----------
@@ -44,14 +52,17 @@ class KroneckerPrecision:
         ``{site: (G,)}`` for a bias of shape ``(out,)`` (block :math:`G`).
     slices : dict
         ``{site: slice}`` of each site in the flat vector.
-    prior_precision : Tensor ``(num_sites,)``
-        The isotropic :math:`\\lambda_s` added to each block, in the order of ``slices``; may carry
-        gradients (the eigenvalues are differentiable in it).
+    prior_precision : Tensor ``(num_sites,)``, optional
+        The isotropic :math:`\\lambda_s` added to each block, in the order of ``slices`` (default 0);
+        may carry gradients (the eigenvalues are differentiable in it).
     """
 
-    def __init__(self, factors: Dict[str, Tuple[torch.Tensor, ...]], slices: Dict[str, slice], prior_precision):
+    has_layer_factors = True
+
+    def __init__(self, factors: Dict[str, Tuple[torch.Tensor, ...]], slices: Dict[str, slice], prior_precision=None):
+        super().__init__(slices)
         self.names: List[str] = list(slices)
-        self.slices = dict(slices)
+        self.factors = dict(factors)
         self.eigen: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {}
         for name in self.names:
             pairs = []
@@ -59,6 +70,9 @@ class KroneckerPrecision:
                 values, vectors = torch.linalg.eigh(0.5 * (factor + factor.T))
                 pairs.append((values.clamp(min=0), vectors))  # PSD up to rounding
             self.eigen[name] = pairs
+        if prior_precision is None:
+            first = factors[self.names[0]][0]
+            prior_precision = torch.zeros(len(self.names), dtype=first.dtype, device=first.device)
         self.set_prior_precision(prior_precision)
 
     def set_prior_precision(self, prior_precision: torch.Tensor, likelihood_scale=1.0) -> None:
@@ -75,13 +89,28 @@ class KroneckerPrecision:
                 spectrum = pairs[0][0]
             self.eigenvalues[name] = spectrum * likelihood_scale + prior_precision[number]
 
-    def with_prior(self, prior_precision: torch.Tensor, likelihood_scale=1.0) -> "KroneckerPrecision":
-        """The same factors with another prior precision (a copy; the eigenbases are shared)."""
+    def with_prior(self, prior, likelihood_scale=1.0, what: str = "prior precision") -> "KronPrecision":
+        """The same factors with the prior :math:`\\mathrm{diag}(p)`, ``(d,)`` and constant within each
+        site (a copy; the eigenbases are shared)."""
         other = copy.copy(self)
-        other.set_prior_precision(prior_precision, likelihood_scale)
+        if prior.shape[-1] == len(self.names) != self.dim:  # the former argument: one number per site
+            warnings.warn(
+                "KronPrecision.with_prior takes the (d,) prior diagonal now; one number per site is deprecated "
+                "(use set_prior_precision for that)", FutureWarning, stacklevel=2,
+            )  # fmt: skip
+            other.set_prior_precision(prior, likelihood_scale)
+            return other
+        other.set_prior_precision(self.site_values(prior, what), likelihood_scale)
         return other
 
-    def site(self, name: str) -> "KroneckerPrecision":
+    def double(self) -> "KronPrecision":
+        factors = {name: tuple(f.double() for f in parts) for name, parts in self.factors.items()}
+        return KronPrecision(factors, self.slices)
+
+    dtype = property(lambda self: self.eigenvalues[self.names[0]].dtype)
+    device = property(lambda self: self.eigenvalues[self.names[0]].device)
+
+    def site(self, name: str) -> "KronPrecision":
         """The block of one site, as a precision over that site's own flat vector."""
         other = copy.copy(self)
         where = self.slices[name]
@@ -91,10 +120,6 @@ class KroneckerPrecision:
         other.prior_precision = self.prior_precision[self.names.index(name)].reshape(1)
         other.eigenvalues = {name: self.eigenvalues[name]}
         return other
-
-    @property
-    def dim(self) -> int:
-        return sum(where.stop - where.start for where in self.slices.values())
 
     # ---------------------------------------------------------------- the eigenbasis
     def _rotate(self, name: str, block: torch.Tensor, transpose: bool) -> torch.Tensor:
@@ -169,11 +194,53 @@ class KroneckerPrecision:
     def is_positive(self) -> Dict[str, bool]:
         return {name: bool((values > 0).all()) for name, values in self.eigenvalues.items()}
 
+    def solve(self, vector):
+        return self.apply_power(vector, -1.0)
+
+    def covariance(self):
+        if self.dim > MAX_FULL_DIM:
+            raise ValueError(
+                f"the dense covariance of a 'kron' approximation is limited to latent dimension <= {MAX_FULL_DIM}"
+            )
+        return self.apply_power(torch.eye(self.dim, dtype=self.dtype, device=self.device), -1.0)
+
+    def distribution(self, loc):
+        return KroneckerNormal(loc, self)
+
+    def site_distribution(self, loc, name, shape, event_dim):
+        """The site's own Kronecker block: the whole site is one event."""
+        return reshaped(KroneckerNormal(loc[self.slices[name]].clone(), self.site(name)), shape)
+
+    def as_tensor(self):
+        return self.variances().reciprocal()
+
+    def check(self):
+        bad = [name for name, ok in self.is_positive().items() if not ok]
+        if bad:
+            raise ValueError(f"the Laplace precision is not positive for sites {bad}; pass prior_precision=...")
+        variances = self.variances()
+        if not (torch.isfinite(variances).all() and torch.isfinite(variances.reciprocal()).all()):
+            raise ValueError(
+                f"the marginal variances of the Laplace approximation underflow or overflow in {variances.dtype} "
+                "(a huge or tiny prior_precision?); use a moderate prior_precision or float64"
+            )
+
+    def layer_factors(self, name, delta, inputs):
+        r""":math:`\tilde\delta = U_G^\top\delta` and :math:`\sum_j \tilde a_j^2 / E_{ij}` (weight) or 1/E."""
+        pairs = self.eigen[name]
+        rotated = delta @ pairs[0][1]  # (K, b, out): U_G^T delta per row
+        inverse = self.eigenvalues[name].reciprocal()
+        if inputs is None:
+            return rotated, inverse.expand(delta.shape[1], -1)
+        return rotated, (inputs @ pairs[1][1]) ** 2 @ inverse.T  # (b, out)
+
     def dense(self) -> torch.Tensor:
         """The dense ``(d, d)`` precision (tests and small models only)."""
-        d = self.dim
-        identity = torch.eye(d, dtype=self.eigenvalues[self.names[0]].dtype)
-        return self.apply_power(identity, 1.0)
+        return self.apply_power(torch.eye(self.dim, dtype=self.dtype, device=self.device), 1.0)
+
+
+#: The former name of :class:`KronPrecision` (same class).
+KroneckerPrecision = KronPrecision
 
 
 class KroneckerNormal(TorchDistribution):
@@ -186,7 +253,7 @@ class KroneckerNormal(TorchDistribution):
     support = constraints.real_vector
     has_rsample = True
 
-    def __init__(self, loc: torch.Tensor, precision: KroneckerPrecision, validate_args=None):
+    def __init__(self, loc: torch.Tensor, precision: KronPrecision, validate_args=None):
         self.loc = loc
         self.precision = precision
         super().__init__(loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)

@@ -23,7 +23,6 @@ from .evidence import (
     maximise_log_evidence,
     standard_log_evidence,
 )
-from .kron import KroneckerPrecision
 
 __all__ = ["EvidenceMixin", "PriorPrecision"]
 
@@ -44,7 +43,7 @@ class EvidenceMixin:
         """Is the likelihood Gaussian with one fixed scale (so that ``sigma_noise`` can be tuned)?"""
         return self._noise is not None
 
-    def _likelihood_scale(self, sigma: Optional[torch.Tensor] = None) -> Union[float, torch.Tensor]:
+    def likelihood_scale(self, sigma: Optional[torch.Tensor] = None) -> Union[float, torch.Tensor]:
         """:math:`s = \\sigma_0^2 / \\sigma^2`: the likelihood curvature at noise scale :math:`\\sigma` is
         :math:`s H`."""
         sigma = self._sigma_noise if sigma is None else sigma
@@ -75,10 +74,10 @@ class EvidenceMixin:
         previous = self._sigma_noise
         self._sigma_noise = value
         try:
-            self._apply_prior_precision(self._prior_precision)
+            self.apply_prior_precision(self._prior_precision)
         except ValueError:
             self._sigma_noise = previous
-            self._apply_prior_precision(self._prior_precision)
+            self.apply_prior_precision(self._prior_precision)
             raise
 
     # ------------------------------------------------------------------ evidence
@@ -135,75 +134,47 @@ class EvidenceMixin:
             check_precision(sigma_noise, "sigma_noise")
             sigma = torch.as_tensor(sigma_noise, dtype=torch.float64, device=self.loc.device)
         if prior_precision is None and self._prior_precision is None:
-            return self._log_evidence(None, sigma=sigma).to(self.loc.dtype)
+            return self.log_evidence(None, sigma=sigma).to(self.loc.dtype)
         if prior_precision is None:
-            vector = self._precision_vector(self._prior_precision)
+            vector = self.precision_vector(self._prior_precision)
         else:
             vector = self._vector_from(prior_precision, "prior_precision")
-        return self._log_evidence(vector, evidence, sigma).to(self.loc.dtype)
+        return self.log_evidence(vector, evidence, sigma).to(self.loc.dtype)
 
     def _vector_from(self, precision: PriorPrecision, name: str) -> torch.Tensor:
-        parts = self._precision_from(precision, name)
+        parts = self.precision_dict(precision, name)
         return torch.cat([parts[site].expand(where.stop - where.start) for site, where in self.site_slices.items()])
 
-    def _kron64(self) -> KroneckerPrecision:
-        """The Kronecker precision rebuilt from float64 factors (cached): evidence terms nearly cancel."""
-        if getattr(self, "_kron64_cache", None) is None:
-            factors = {name: tuple(f.double() for f in parts) for name, parts in self._kron_factors.items()}
-            ones = torch.ones(len(self.site_slices), dtype=torch.float64, device=self.loc.device)
-            self._kron64_cache = KroneckerPrecision(factors, self.site_slices, ones)
-        return self._kron64_cache
-
-    def _log_evidence(
+    def log_evidence(
         self, precision: Optional[torch.Tensor], evidence: str = "standard", sigma: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
         """The log evidence in float64 at the ``(d,)`` prior precision (``None``: the model's prior).
 
         ``sigma`` (default: the noise scale in use) rescales a Gaussian likelihood: its
         log-likelihood at :math:`\\theta_*` and its curvature, by :math:`s = \\sigma_0^2/\\sigma^2`.
+        Differentiable in ``precision`` and ``sigma`` (the tuners' objective).
         """
         f64 = torch.float64
-        d = self.loc.shape[0]
         sigma = self._sigma_noise if sigma is None else sigma
         log_likelihood = self.log_likelihood.to(f64)
         scale = 1.0
         if sigma is not None:
             sigma = sigma.to(f64)
             log_likelihood = gaussian_log_likelihood(self._noise, log_likelihood, sigma)
-            scale = self._likelihood_scale(sigma)
-        h = self.likelihood_curvature.to(f64) * scale
+            scale = self.likelihood_scale(sigma)
+        if getattr(self, "_likelihood64", None) is None:  # the terms of the evidence nearly cancel: float64
+            self._likelihood64 = self.likelihood_precision.double()
         if precision is None:
-            constant = 0.5 * d * math.log(2 * math.pi)
-            if self._kron is not None:
-                prior = self._site_values(self.prior_curvature.to(f64), "prior curvature")
-                logdet = self._kron64().with_prior(prior, scale).logdet()
-            else:
-                logdet = _logdet(h + self.prior_curvature.to(f64))
-            return log_likelihood + self.prior_log_density.to(f64) + constant - 0.5 * logdet
+            constant = 0.5 * self.loc.shape[0] * math.log(2 * math.pi)
+            posterior = self._likelihood64.with_prior(self.prior_curvature.to(f64), scale, "prior curvature")
+            return log_likelihood + self.prior_log_density.to(f64) + constant - 0.5 * posterior.logdet()
         precision = precision.to(f64)
         offset = (self.loc - self.prior_mean).to(f64)
-        if self._kron is not None:
-            kron = self._kron64().with_prior(self._site_values(precision, "prior precision"), scale)
-            logdet = kron.logdet()
-            solve = kron.quadratic
-        elif self._diag_h:
-            lam = h + precision
-            logdet = lam.log().sum()
-
-            def solve(b):
-                return (b**2 / lam).sum()
-
-        else:
-            cholesky = torch.linalg.cholesky(h + torch.diag(precision))
-            logdet = 2 * cholesky.diagonal().log().sum()
-
-            def solve(b):
-                return torch.cholesky_solve(b.unsqueeze(-1), cholesky).squeeze(-1) @ b
-
-        value = standard_log_evidence(log_likelihood, offset, precision, logdet)
+        posterior = self._likelihood64.with_prior(precision, scale)
+        value = standard_log_evidence(log_likelihood, offset, precision, posterior.logdet())
         if evidence == "refit":  # the log-likelihood's gradient at theta_* is -scale * grad log p_model
             b = -precision * offset - scale * self.prior_grad.to(f64)
-            value = value + 0.5 * solve(b)
+            value = value + 0.5 * posterior.quadratic(b)
         return value
 
     def optimize_prior_precision(
@@ -251,19 +222,12 @@ class EvidenceMixin:
             The optimum: a 0-dim tensor (``"scalar"``), ``{site: tensor}`` (``"site"``) or
             ``{site: tensor of the site's unconstrained shape}`` (``"parameter"``).
         """
-        if not isinstance(mode, str) or mode not in ("scalar", "site", "parameter"):
-            raise ValueError(f"mode must be 'scalar', 'site' or 'parameter'; got {mode!r}")
-        if mode == "parameter" and self._kron is not None:
-            raise ValueError(
-                "mode='parameter' needs a diagonal or dense curvature: a 'kron' block takes one isotropic "
-                "precision per site (use mode='site')"
-            )
+        groups, labels = self.precision_groups(mode)
         max_iter = check_positive_int(max_iter, "max_iter")
         check_evidence(evidence)
         bounds = check_bounds(bounds)
         if check_bool(tune_sigma_noise, "tune_sigma_noise"):
             self._check_noise("tune_sigma_noise=True")
-        groups, labels = self._precision_groups(mode)
         prior_diag = self.prior_curvature if self.prior_curvature.dim() == 1 else self.prior_curvature.diagonal()
         num_groups = len(labels)
         source = prior_diag if init is None else self._vector_from(init, "init")
@@ -276,14 +240,14 @@ class EvidenceMixin:
             sigma = self._sigma_noise if self._sigma_noise is not None else self._noise.scale
             start = torch.cat([start, torch.as_tensor([float(sigma) ** -2], dtype=torch.float64)])
             optimum = maximise_log_evidence(
-                lambda values: self._log_evidence(values[:-1][groups], evidence, values[-1].rsqrt()),
+                lambda values: self.log_evidence(values[:-1][groups], evidence, values[-1].rsqrt()),
                 start, bounds, max_iter, labels + ["1 / sigma_noise^2"],
             )  # fmt: skip
             self._sigma_noise = optimum[-1].rsqrt().to(self.loc.dtype)
             optimum = optimum[:-1]
         else:
             optimum = maximise_log_evidence(
-                lambda values: self._log_evidence(values[groups], evidence), start, bounds, max_iter, labels
+                lambda values: self.log_evidence(values[groups], evidence), start, bounds, max_iter, labels
             )
         optimum = optimum.to(self.loc.dtype)
         if mode == "scalar":
@@ -299,8 +263,16 @@ class EvidenceMixin:
         self.set_prior_precision(result)
         return result
 
-    def _precision_groups(self, mode: str) -> Tuple[torch.Tensor, list]:
-        """``(groups, labels)``: the group index of each coordinate and a label per group."""
+    def precision_groups(self, mode: str) -> Tuple[torch.Tensor, list]:
+        """``(groups, labels)``: the group index of each coordinate and a label per group, for ``mode``
+        ``"scalar"`` (one precision), ``"site"`` (one per site) or ``"parameter"`` (one per coordinate)."""
+        if not isinstance(mode, str) or mode not in ("scalar", "site", "parameter"):
+            raise ValueError(f"mode must be 'scalar', 'site' or 'parameter'; got {mode!r}")
+        if mode == "parameter" and self.is_kron:
+            raise ValueError(
+                "mode='parameter' needs a diagonal or dense curvature: a 'kron' block takes one isotropic "
+                "precision per site (use mode='site')"
+            )
         d = self.loc.shape[0]
         device = self.loc.device
         if mode == "scalar":
@@ -315,8 +287,3 @@ class EvidenceMixin:
             groups[where] = number
         return groups, list(self.site_slices)
 
-
-def _logdet(precision: torch.Tensor) -> torch.Tensor:
-    if precision.dim() == 1:
-        return precision.log().sum()
-    return 2 * torch.linalg.cholesky(precision).diagonal().log().sum()

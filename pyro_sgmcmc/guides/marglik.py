@@ -23,7 +23,7 @@ estimation for model selection in deep learning", ICML 2021.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import pyro
 import pyro.poutine as poutine
@@ -60,14 +60,6 @@ def gaussian_prior_loss(prior_mean: torch.Tensor, precision_fn):
         return -log_likelihood + 0.5 * scatter
 
     return loss
-
-
-def _groups(laplace, mode: str) -> Tuple[torch.Tensor, list]:
-    if not isinstance(mode, str) or mode not in ("scalar", "site", "parameter"):
-        raise ValueError(f"mode must be 'scalar', 'site' or 'parameter'; got {mode!r}")
-    if mode == "parameter" and laplace.is_kron:
-        raise ValueError("mode='parameter' needs a diagonal or dense curvature ('kron' takes one precision per site)")
-    return laplace._precision_groups(mode)
 
 
 def marglik_training(
@@ -109,7 +101,7 @@ def marglik_training(
     if guide.prototype_trace is None:
         guide(*args, **kwargs)  # set up the MAP point
     laplace = guide.laplace_approximation(*args, **kwargs)
-    groups, labels = _groups(laplace, mode)
+    groups, labels = laplace.precision_groups(mode)
     prior_mean = laplace.prior_mean.detach()
     dtype = torch.float64
     log_precision = torch.full((len(labels),), float(prior_precision), dtype=dtype).log().requires_grad_(True)
@@ -123,7 +115,7 @@ def marglik_training(
             for _ in range(hyper_steps):
                 hyper_optimizer.zero_grad()
                 with torch.enable_grad():
-                    (-laplace._log_evidence(log_precision.exp()[groups])).backward()
+                    (-laplace.log_evidence(log_precision.exp()[groups])).backward()
                 hyper_optimizer.step()
     tuned = _as_dict(log_precision.detach().exp().to(guide.loc.dtype), laplace, mode)
     guide.prior_precision = tuned

@@ -26,6 +26,7 @@ import torch
 from torch.distributions import biject_to
 
 from ._checks import check_callable, check_positive_int
+from .sites import is_identity_transform
 
 __all__ = ["GLMPrediction", "linearized_predictive"]
 
@@ -109,7 +110,7 @@ def linearized_predictive(
         raise TypeError(f"generator must be None or a torch.Generator; got {generator!r}")
     theta = laplace.loc.detach()
     jacobian_batch = _jacobian_path(laplace, fn)
-    fast = None if not (laplace.is_diagonal or laplace.is_kron) else _LinearLayerPath(laplace, fn)
+    fast = _LinearLayerPath(laplace, fn) if laplace.posterior_precision.has_layer_factors else None
     means, covariances = [], []
     with torch.no_grad():
         for start in range(0, x.shape[0], batch_size):
@@ -151,12 +152,11 @@ def _link(mean, covariance, link, num_samples, generator):
 
 # ---------------------------------------------------------------------------------- the Jacobian path
 def _jacobian_path(laplace, fn):
-    """``(theta, xb) -> (mean, covariance)`` from per-input Jacobians (``vmap(jacrev)``), any network."""
-    kron = laplace._kron
-    if kron is not None:
-        factor = None  # Sigma = Q S^-1 Q^T: J Sigma J^T = W W^T with W = whiten(J)
-    else:
-        factor = laplace.covariance if laplace.is_diagonal else laplace._scale_tril  # Sigma = diag(v) or L L^T
+    """``(theta, xb) -> (mean, covariance)`` from per-input Jacobians (``vmap(jacrev)``), any network.
+
+    :math:`J \\Sigma J^\\top = W W^\\top` with :math:`W` the precision's whitening of :math:`J`.
+    """
+    precision = laplace.posterior_precision
 
     def output(latent, inputs):
         return fn(laplace.params(latent), inputs)
@@ -169,12 +169,7 @@ def _jacobian_path(laplace, fn):
     def batch(theta, xb):
         mean = output(theta, xb)
         jac = jacobian(theta, xb).reshape(xb.shape[0], -1, theta.shape[0])  # (b, K, d)
-        if kron is not None:
-            scaled = kron.whiten(jac)
-            return mean, scaled @ scaled.transpose(-1, -2)
-        if laplace.is_diagonal:
-            return mean, torch.einsum("bkd,d,bld->bkl", jac, factor, jac)
-        scaled = jac @ factor  # J L
+        scaled = precision.whiten(jac)
         return mean, scaled @ scaled.transpose(-1, -2)
 
     return batch
@@ -210,12 +205,12 @@ class _LinearLayerPath:
     def __init__(self, laplace, fn):
         self.laplace = laplace
         self.fn = fn
-        self.variances = None if laplace.is_kron else laplace.covariance
+        self.precision = laplace.posterior_precision
         sites = laplace.prototype_trace.iter_stochastic_nodes()
-        self.unconstrained = all(_identity(site["fn"].support) for _, site in sites)
+        self.unconstrained = all(is_identity_transform(biject_to(site["fn"].support)) for _, site in sites)
 
     def __call__(self, theta, xb):
-        from .curvature import _LinearRecorder
+        from .curvature.linear import LinearRecorder
 
         laplace = self.laplace
         names = list(laplace.site_slices)
@@ -224,7 +219,7 @@ class _LinearLayerPath:
         with torch.enable_grad():
             params = laplace.params(theta.detach().requires_grad_(True))
             latent = {name: params[name] for name in names}
-            recorder = _LinearRecorder({id(value): name for name, value in latent.items()})
+            recorder = LinearRecorder({id(value): name for name, value in latent.items()})
             with recorder:
                 out = self.fn(params, xb)
             batch = xb.shape[0]
@@ -252,29 +247,10 @@ class _LinearLayerPath:
             delta = delta.detach()  # (K, b, out)
             a = inputs.detach()
             if weight_name is not None:
-                covariance += _gram(*self._weight_factor(weight_name, delta, a))
+                covariance += _gram(*self.precision.layer_factors(weight_name, delta, a))
             if bias_name is not None:
-                covariance += _gram(*self._bias_factor(bias_name, delta))
+                covariance += _gram(*self.precision.layer_factors(bias_name, delta, None))
         return out.detach(), covariance
-
-    def _weight_factor(self, name, delta, a):
-        where = self.laplace.site_slices[name]
-        if self.variances is not None:
-            v = self.variances[where].reshape(delta.shape[-1], a.shape[-1])
-            return delta, (a**2) @ v.T  # (b, out)
-        kron = self.laplace._kron
-        (_, u_g), (_, u_a) = kron.eigen[name]
-        rotated = delta @ u_g  # (K, b, out): U_G^T delta per row
-        weights = (a @ u_a) ** 2 @ kron.eigenvalues[name].reciprocal().T  # (b, out)
-        return rotated, weights
-
-    def _bias_factor(self, name, delta):
-        where = self.laplace.site_slices[name]
-        if self.variances is not None:
-            return delta, self.variances[where].expand(delta.shape[1], -1)
-        kron = self.laplace._kron
-        ((_, u_g),) = kron.eigen[name]
-        return delta @ u_g, kron.eigenvalues[name].reciprocal().expand(delta.shape[1], -1)
 
 
 def _gram(delta, weights):
@@ -283,9 +259,3 @@ def _gram(delta, weights):
     scaled = scaled.permute(1, 0, 2)  # (b, K, out)
     return scaled @ scaled.transpose(-1, -2)
 
-
-def _identity(support) -> bool:
-    transform = biject_to(support)
-    while isinstance(transform, torch.distributions.transforms.IndependentTransform):
-        transform = transform.base_transform
-    return isinstance(transform, torch.distributions.transforms.ComposeTransform) and not transform.parts

@@ -25,7 +25,7 @@ from typing import Dict, List, Sequence, Union
 import pyro.poutine as poutine
 import torch
 
-from .curvature import _LinearRecorder
+from .curvature.linear import LinearRecorder
 
 __all__ = ["SUBSETS", "check_subset", "fix_sites", "last_layer_sites", "subset_names"]
 
@@ -68,7 +68,7 @@ def last_layer_sites(model, values: Dict[str, torch.Tensor], args, kwargs) -> Li
 
     ``values`` are the constrained latent values (the MAP) the model is run at.
     """
-    recorder = _LinearRecorder({id(value): name for name, value in values.items()})
+    recorder = LinearRecorder({id(value): name for name, value in values.items()})
     with torch.no_grad(), recorder:
         poutine.trace(poutine.condition(model, data=values)).get_trace(*args, **kwargs)
     if not recorder.calls:

@@ -233,9 +233,10 @@ def test_monte_carlo_fisher_for_a_poisson_likelihood(float64):
     assert ((estimate.curvature - exact).abs() / exact < 0.06).all()
 
 
-def test_a_model_that_cannot_run_on_one_example_falls_back_with_a_warning(float64):
-    """A model with a shape hard-coded to the minibatch size cannot run on one index: the sweep
-    warns and uses the Jacobian path, with the same result."""
+def test_a_model_that_hard_codes_the_minibatch_size_takes_the_per_example_route(float64):
+    """A model with a shape hard-coded to the minibatch size: the per-example route runs the model on
+    chunks of the plate's own ``subsample_size`` (never on one index), so it needs no fallback and
+    gives the exact result, without a warning."""
     x, g = _data(20)
     y = torch.randn(20, generator=g)
 
@@ -246,9 +247,10 @@ def test_a_model_that_cannot_run_on_one_example_falls_back_with_a_warning(float6
             pyro.sample("y", dist.Normal(x[idx] @ w + offset, 1.0), obs=y[idx])
 
     potential = ModelPotential(model, (x, y))
-    with pytest.warns(RuntimeWarning, match="one example at a time"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         result = likelihood_curvature(potential, torch.zeros(3), "diag_ggn", disable_progbar=True)
-    assert result.method == "jacobian"
+    assert result.method == "per-example"
     _close(result.curvature, (x**2).sum(0))
 
 
@@ -398,7 +400,7 @@ def test_examples_that_interact_fall_back_to_per_example_gradients(float64):
 
 
 def test_monte_carlo_labels_for_a_categorical_network_match_the_exact_fisher(float64):
-    """mc_fisher=True draws labels even where the Fisher is known: the trace of the estimate is
+    """monte_carlo_fisher=True draws labels even where the Fisher is known: the trace of the estimate is
     within 5% of the exact diagonal GGN's. With 37 examples x 1000 labels its relative standard
     error is about 1% (each label's squared gradient has a relative sd of order 2), so 5% is about
     five standard errors. The linear-layer route handles the sampled rows too."""
@@ -417,7 +419,7 @@ def test_monte_carlo_labels_for_a_categorical_network_match_the_exact_fisher(flo
     potential = ModelPotential(model, (x, y))
     theta = torch.randn(potential.dim, generator=g, dtype=torch.float64)
     exact = likelihood_curvature(potential, theta, "diag_ggn", disable_progbar=True)
-    estimate = likelihood_curvature(potential, theta, "diag_ggn", mc_fisher=True, num_mc_samples=1000,
+    estimate = likelihood_curvature(potential, theta, "diag_ggn", monte_carlo_fisher=True, num_mc_samples=1000,
                                     disable_progbar=True)  # fmt: skip
     assert estimate.method == "linear-layers"
     assert abs(estimate.curvature.sum() / exact.curvature.sum() - 1) < 0.05

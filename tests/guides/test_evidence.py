@@ -195,7 +195,7 @@ def test_standard_evidence_with_kron_matches_the_exact_ggn(float64):
     net = Mlp()
     x, y = _classification()
     laplace = _laplace_at(net, x, y, "kron")
-    dense = laplace._kron.with_prior(torch.zeros(4)).dense()  # the K-FAC curvature itself
+    dense = laplace.likelihood_precision.dense()  # the K-FAC curvature itself
     per_site = {"hidden.weight": 0.5, "hidden.bias": 2.0, "out.weight": 7.0, "out.bias": 0.1}
     expected = _closed_form(laplace.log_likelihood, dense, laplace.loc, _site_vector(laplace, per_site))
     _close(laplace.log_marginal_likelihood(per_site), expected)

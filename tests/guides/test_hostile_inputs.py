@@ -26,7 +26,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from pyro.infer import SVI, Trace_ELBO
 
+from pyro_sgmcmc import ModelPotential
 from pyro_sgmcmc.guides import AutoDiagVI, AutoLaplace, TemperedELBO
+from pyro_sgmcmc.guides.curvature import likelihood_curvature
 from tests.test_hostile_inputs import (  # noqa: F401  (_time_limit: the per-test alarm, autouse)
     EITHER,
     FAST,
@@ -151,7 +153,8 @@ def test_autolaplace_num_mc_samples(value):
     check(lambda: AutoLaplace(model, num_mc_samples=value), int_verdict(value, 1), "num_mc_samples")
 
 
-@pytest.mark.parametrize("argument", ["mc_fisher", "disable_progbar"])
+@pytest.mark.parametrize("argument", ["monte_carlo_fisher", "mc_fisher", "disable_progbar"])
+@pytest.mark.filterwarnings("ignore:mc_fisher= is deprecated:FutureWarning")
 @GUIDES
 @given(value=hostile())
 def test_autolaplace_flags(argument, value):
@@ -280,11 +283,15 @@ def test_autodiagvi_temperature_and_init_scale(value):
     check(lambda: AutoDiagVI(model, init_scale=value), verdict, "init_scale")
     guide = AutoDiagVI(model)
     check(lambda: setattr(guide, "temperature", value), verdict, "temperature")
+    check(lambda: AutoDiagVI(model, kl_weight=value), verdict, "kl_weight")
+    check(lambda: TemperedELBO(kl_weight=value), VALID if value is None else verdict, "kl_weight")  # None: the guide's
 
 
 @GUIDES
 @given(value=hostile())
-def test_autodiagvi_stl_model_and_init_loc_fn(value):
+@pytest.mark.filterwarnings("ignore:stl= is deprecated:FutureWarning")
+def test_autodiagvi_sticking_the_landing_model_and_init_loc_fn(value):
+    check(lambda: AutoDiagVI(model, sticking_the_landing=value), bool_verdict(value), "sticking_the_landing")
     check(lambda: AutoDiagVI(model, stl=value), bool_verdict(value), "stl")
     check(lambda: AutoDiagVI(value), INVALID, "model")
     check(lambda: AutoDiagVI(model, init_loc_fn=value), INVALID, "init_loc_fn")
@@ -346,10 +353,10 @@ def test_a_shape_mismatch_in_the_model_names_the_site(make):
     assert " w " in str(info.value) or "'w'" in str(info.value), str(info.value)
 
 
-def test_a_model_that_hard_codes_the_minibatch_size_falls_back_with_a_warning():
-    """The model runs with the SVI minibatch size but not on one example (the per-example route of
-    the sweep): the sweep says so with a RuntimeWarning and takes the Jacobian route over whole
-    minibatches, whose result is finite. No error, and no silent change of method."""
+def test_a_model_that_hard_codes_the_minibatch_size_runs_on_the_per_example_route():
+    """The model runs only with the SVI minibatch size: the per-example route runs it on chunks of
+    that size (the last chunk overlapping), so it needs no fallback; the result is finite and
+    equals the Jacobian route's."""
 
     def fragile(x, y):
         w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
@@ -359,6 +366,11 @@ def test_a_model_that_hard_codes_the_minibatch_size_falls_back_with_a_warning():
 
     guide = AutoLaplace(fragile, disable_progbar=True)
     guide(X, Y)
-    with pytest.warns(RuntimeWarning, match="one example at a time"):
-        laplace = guide.laplace_approximation(X, Y)  # 12 = 3 chunks of 4: the Jacobian path copes
+    laplace = guide.laplace_approximation(X, Y)
     _assert_finite(laplace.precision)
+    potential = ModelPotential(fragile, (X, Y))
+    position = torch.zeros(potential.dim)
+    per_example = likelihood_curvature(potential, position, "diag_ggn", disable_progbar=True)
+    jacobian = likelihood_curvature(potential, position, "diag_ggn", disable_progbar=True, path="jacobian")
+    assert per_example.method == "per-example"
+    assert torch.allclose(per_example.curvature, jacobian.curvature, rtol=1e-5)

@@ -538,3 +538,31 @@ def test_sigma_noise_needs_a_fixed_gaussian_likelihood(float64):
         laplace.optimize_prior_precision(tune_sigma_noise=True)
     with pytest.raises(ValueError, match="sigma_noise needs a Gaussian likelihood"):
         laplace.log_marginal_likelihood(1.0, sigma_noise=0.5)
+
+
+def test_mc_fisher_is_the_deprecated_spelling_of_monte_carlo_fisher():
+    """``mc_fisher=`` still works for one release, with a FutureWarning naming the new spelling, in
+    the guide and in the curvature function."""
+    import pyro.distributions as dist
+
+    from pyro_sgmcmc import ModelPotential
+    from pyro_sgmcmc.guides import AutoLaplace
+    from pyro_sgmcmc.guides.curvature import likelihood_curvature
+
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", len(y), subsample_size=4) as idx:
+            pyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
+
+    with pytest.warns(FutureWarning, match="monte_carlo_fisher"):
+        guide = AutoLaplace(model, mc_fisher=True)
+    assert guide.monte_carlo_fisher is True
+    with pytest.warns(FutureWarning, match="monte_carlo_fisher"):
+        assert guide.mc_fisher is True
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).float()
+    potential = ModelPotential(model, (x, y))
+    with pytest.warns(FutureWarning, match="monte_carlo_fisher"):
+        result = likelihood_curvature(potential, torch.zeros(2), "diag_ggn", mc_fisher=False, disable_progbar=True)
+    expected = likelihood_curvature(potential, torch.zeros(2), "diag_ggn", disable_progbar=True)
+    assert torch.equal(result.curvature, expected.curvature)

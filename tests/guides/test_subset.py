@@ -94,7 +94,7 @@ def test_last_layer_is_the_full_laplace_of_the_frozen_network(float64, curvature
     _close(laplace.log_likelihood, reference.log_likelihood)
     if curvature == "kron":
         for name in ("out.weight", "out.bias"):
-            for ours, theirs in zip(laplace._kron_factors[name], reference._kron_factors[name]):
+            for ours, theirs in zip(laplace.kron_factors[name], reference.kron_factors[name]):
                 _close(ours, theirs)
     _close(laplace.precision, reference.precision)
     if curvature != "full":  # the exact Hessian need not be positive definite at a random point
