@@ -107,7 +107,7 @@ def fitted_guide(task, n, batch, curvature="diag_ggn", mc_fisher=False, seed=0):
     pyro.set_rng_seed(seed)
     net = MLP(out)
     model = make_model(net, task, batch)
-    guide = AutoLaplace(model, curvature=curvature, mc_fisher=mc_fisher, init_loc_fn=init_to_sample,
+    guide = AutoLaplace(model, curvature=curvature, monte_carlo_fisher=mc_fisher, init_loc_fn=init_to_sample,
                         disable_progbar=True)  # fmt: skip
     guide(x, y)
     with torch.no_grad():

@@ -90,7 +90,7 @@ def run_vectorized(x, y, hidden, steps, chains, thinning, keep_last):
     readings = []
 
     def hook(kernel, params, stage, t):
-        if (t + 1) % EVERY == 0:
+        if kernel.state.step % EVERY == 0:  # steps of the whole run (t restarts at sampling)
             readings.append((t + 1, rss_mb()))
 
     mcmc = MCMC(

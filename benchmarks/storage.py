@@ -76,8 +76,8 @@ def measure_memory(chains: int, draws: int) -> dict:
     readings = []
 
     def hook(kernel, params, stage, t):
-        if stage == "Sample" and (t - 10) % every == 0:
-            readings.append((t - 9, harness.rss_bytes()))  # (draws kept so far, RSS)
+        if stage == "Sample" and t % every == 0:  # t counts the draws (from 0), as in Pyro's hook_fn
+            readings.append((t + 1, harness.rss_bytes()))  # (draws kept so far, RSS)
 
     mcmc = make_mcmc(chains, draws, hook)
     mcmc.run(*data())

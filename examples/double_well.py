@@ -201,7 +201,7 @@ class Recorder:
         self.num, self.every, self.path = num, every, []
 
     def __call__(self, kernel, params, stage, i):
-        if i % self.every == 0:
+        if (kernel.state.step - 1) % self.every == 0:  # the step of the whole run (i restarts at sampling)
             self.path.append(params["z"][: self.num].detach().clone())
 
     def trajectories(self) -> np.ndarray:

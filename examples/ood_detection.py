@@ -10,7 +10,7 @@ estimate), and :func:`pyro_sgmcmc.decompose_uncertainty` splits their predictive
 * **epistemic** uncertainty, total minus aleatoric: the disagreement between draws.
 
 A score that is higher on OOD images than on in-distribution ones detects them;
-:func:`pyro_sgmcmc.uncertainty.auroc` measures how well (1 = perfect, 0.5 = chance).
+:func:`pyro_sgmcmc.diagnostics.auroc` measures how well (1 = perfect, 0.5 = chance).
 
 Methods (all ``pyro_sgmcmc.MCMC(SGHMC(...), chain_method="vectorized")``, same model, same
 step size; the table reports the gradient evaluations each one spent):
@@ -66,7 +66,7 @@ from sklearn.model_selection import train_test_split
 
 import pyro_sgmcmc
 from pyro_sgmcmc import MCMC, SGHMC, decompose_uncertainty
-from pyro_sgmcmc.uncertainty import auroc
+from pyro_sgmcmc.diagnostics import auroc
 
 METHODS = ("MAP / SGD", "deep ensemble", "serial SGHMC", "parallel SGHMC")
 

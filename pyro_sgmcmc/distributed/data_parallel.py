@@ -8,7 +8,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 from pyro.poutine.messenger import Messenger
-from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import site_is_subsample
 
 from ..chains.minibatch import MinibatchSampler
 from ..chains.streams import ChainGenerators
@@ -30,7 +30,7 @@ class _ShardScale(Messenger):
         self.seen = False
 
     def _pyro_sample(self, msg) -> None:
-        if self.plate is None or isinstance(msg["fn"], _Subsample):
+        if self.plate is None or site_is_subsample(msg):
             return
         if not any(frame.name == self.plate for frame in msg["cond_indep_stack"]):
             return

@@ -26,6 +26,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide import AutoLaplaceApproximation
 from pyro.infer.autoguide.initialization import init_to_median
+from pyro.poutine.util import site_is_subsample
 
 from ..model.potential import ModelPotential
 from ._checks import NOT_GIVEN, check_bool, check_callable, check_positive_int, check_precision, renamed_argument
@@ -159,7 +160,7 @@ class AutoLaplace(AutoLaplaceApproximation):
             trace = poutine.trace(self.model).get_trace(*args, **kwargs)
         discrete, local = [], []
         for name, site in trace.nodes.items():
-            if site["type"] != "sample" or site["is_observed"] or type(site["fn"]).__name__ == "_Subsample":
+            if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
                 continue
             if site["fn"].support.is_discrete:
                 discrete.append(name)

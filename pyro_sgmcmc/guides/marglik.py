@@ -29,7 +29,7 @@ import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.distributions.util import is_identically_zero
-from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import site_is_subsample
 
 from ._checks import check_positive_int, check_precision
 
@@ -52,7 +52,7 @@ def gaussian_prior_loss(prior_mean: torch.Tensor, precision_fn):
         model_trace.compute_log_prob()
         log_likelihood = 0.0
         for site in model_trace.nodes.values():
-            if site["type"] == "sample" and site["is_observed"] and not isinstance(site["fn"], _Subsample):
+            if site["type"] == "sample" and site["is_observed"] and not site_is_subsample(site):
                 if not is_identically_zero(site["log_prob_sum"]):
                     log_likelihood = log_likelihood + site["log_prob_sum"]
         offset = guide.loc - prior_mean

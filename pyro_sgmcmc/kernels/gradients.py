@@ -53,6 +53,7 @@ class MinibatchGradient:
     --------
     >>> import torch, pyro, pyro.distributions as dist
     >>> from pyro_sgmcmc import ModelPotential
+    >>> from pyro_sgmcmc.kernels.gradients import MinibatchGradient
     >>> def model():
     ...     pyro.sample("z", dist.Normal(0., 1.))
     >>> estimator = MinibatchGradient(ModelPotential(model))

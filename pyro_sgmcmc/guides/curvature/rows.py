@@ -24,7 +24,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.distributions import Unit
 from pyro.distributions.torch_distribution import ExpandedDistribution, MaskedDistribution
-from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import site_is_subsample
 from torch.distributions import Independent
 
 from ..._compat import distribution_mask
@@ -68,7 +68,7 @@ def observed_sites(trace, latent_names) -> List[dict]:
     """The observed sample sites of ``trace`` (the likelihood), plate subsample sites excluded."""
     return [
         site for name, site in trace.nodes.items() if site["type"] == "sample" and site["is_observed"]
-        and name not in latent_names and not isinstance(site["fn"], _Subsample)
+        and name not in latent_names and not site_is_subsample(site)
     ]  # fmt: skip
 
 
