@@ -108,7 +108,10 @@ def measure_checkpoint(steps: int, chains: int, every: int) -> dict:
     import pyro_sgmcmc.mcmc as mcmc_module
 
     writes = []
-    checkpoint_class = getattr(mcmc_module, "_RunCheckpoint", None)  # (before #20: save_checkpoint alone)
+    try:  # the run's checkpoint class; older versions (to compare with) kept it in mcmc.py, or had one function
+        from pyro_sgmcmc.run.checkpoint import RunCheckpoint as checkpoint_class
+    except ImportError:
+        checkpoint_class = getattr(mcmc_module, "_RunCheckpoint", None)
     owner, attribute = (checkpoint_class, "write") if checkpoint_class else (mcmc_module, "save_checkpoint")
     original = getattr(owner, attribute)
 

@@ -30,7 +30,6 @@ from .diagnostics.summary import diagnostics as _site_diagnostics
 from .diagnostics.summary import print_summary
 from .kernels.base import SGMCMCKernel
 from .run import ChainRun, Chains, CheckpointSettings, RunLength, RunResult
-from .run.checkpoint import RunCheckpoint as _RunCheckpoint  # noqa: F401  (old path, for benchmarks/storage.py)
 from .run.checks import (
     check_chain_ids,
     check_chains,

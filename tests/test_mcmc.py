@@ -39,7 +39,7 @@ def test_vectorised_chain_equals_single_chain_run_from_the_same_state(float64, k
     batch_path = torch.stack([batch.step().position.clone() for _ in range(num_steps)], dim=1)
     for chain in (0, 4):
         single = kernel_cls(regression_model, step_size=0.01)
-        start = single._ensure_potential((x, y), {}).unpack(starts[chain : chain + 1])
+        start = single.ensure_potential((x, y), {}).unpack(starts[chain : chain + 1])
         single.setup_chains(0, (x, y), num_chains=1, seed=123, chain_ids=[chain], initial_params=start)
         path = torch.stack([single.step().position[0].clone() for _ in range(num_steps)])
         assert torch.allclose(path, batch_path[chain], rtol=0, atol=1e-10), (path - batch_path[chain]).abs().max()
@@ -207,7 +207,10 @@ def test_non_finite_gradient_names_the_site():
     with pytest.raises(ValueError, match="non-finite"):  # the start itself is rejected, naming the problem
         MCMC(kernel, num_samples=2, warmup_steps=0, num_chains=2, chain_method="vectorized",
              initial_params={"a": torch.zeros(2), "b": torch.zeros(2)}, disable_progbar=True).run()  # fmt: skip
-    assert kernel._nonfinite_sites(torch.tensor(1.0), torch.tensor([0.0, float("inf")]), torch.zeros(2)) == (
+    from pyro_sgmcmc.kernels.divergences import nonfinite_sites
+
+    where = nonfinite_sites(kernel.potential, torch.tensor(1.0), torch.tensor([0.0, float("inf")]), torch.zeros(2))
+    assert where == (
         "gradient of site 'b'"
     )
 

@@ -39,7 +39,7 @@ from .adaptation import WarmupDriver
 from .batched import BatchedChains
 from .configuration import describe
 from .control_variates import ControlVariate
-from .divergences import ON_DIVERGENCE, DivergenceRecord, nonfinite_sites
+from .divergences import ON_DIVERGENCE, DivergenceRecord
 from .gradients import GradientEstimator
 from .state import DivergenceError, DivergenceWarning, SGMCMCState, SlowMixingWarning
 
@@ -354,24 +354,6 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         return self.warmup.inverse_mass_matrix
 
     start_at_centre = checks.renamed_attribute("start_at_centre", "init_to_centre")
-
-    # ------------------------------------------------------------------ previous names, for one release
-    # (pyro_sgmcmc.distributed and older scripts call these; the lead removes them after switching)
-    def _ensure_potential(self, args: tuple, kwargs: Optional[dict]) -> ModelPotential:
-        return self.ensure_potential(args, kwargs)
-
-    def _initial_positions(self, initial_params, num_chains: int, num_superchains: int) -> torch.Tensor:
-        return self.initial_positions(initial_params, num_chains, num_superchains)
-
-    def _nonfinite_sites(self, energy, grad, position, indices=None) -> Optional[str]:
-        return nonfinite_sites(self.potential, energy, grad, position, indices)
-
-    def _transition(self, state, drift, step_size, noise, drift_scale: float = 1.0, out=None):
-        return self.transition(state, drift, step_size, noise, drift_scale, out)
-
-    @property
-    def _adaptation(self):  # benchmarks/preconditioning.py
-        return self.warmup.adaptation
 
 
 SGMCMCKernel.__signature__ = checks.kernel_signature(SGMCMCKernel.__init__, SGMCMCKernel.configure_dynamics)

@@ -55,15 +55,17 @@ def test_configuration_digests_a_dict_control_variate_and_init_values():
     json.dumps(start)
 
 
-def test_public_methods_and_their_previous_private_names():
+def test_public_set_up_methods():
+    """ensure_potential traces once per data set; initial_positions gives each superchain its own start,
+    shared by its chains, the same for the same global state."""
     y = torch.randn(30)
     starts = []
-    for name in ("_initial_positions", "initial_positions"):  # old and new spelling, same draws
+    for _ in range(2):
         kernel = SGLD(_model)
         pyro.set_rng_seed(0)
         potential = kernel.ensure_potential((y,), {})
-        assert kernel._ensure_potential((y,), {}) is potential
-        starts.append(getattr(kernel, name)(None, 4, 2))
+        assert kernel.ensure_potential((y,), {}) is potential
+        starts.append(kernel.initial_positions(None, 4, 2))
     assert torch.equal(starts[0], starts[1]) and starts[0].shape == (4, 1) and torch.equal(*starts[0][:2])
     assert torch.equal(kernel.initial_positions(None, 4, 2, seed=5), kernel.initial_positions(None, 4, 2, seed=5))
 
@@ -82,8 +84,3 @@ def test_gradient_estimators_follow_one_protocol():
     u, g = kernel.gradient_estimator.potential_and_grad(kernel.state.position, indices)
     u0, g0 = plain.potential_and_grad(kernel.state.position, indices)
     assert u.shape == u0.shape == (2,) and g.shape == g0.shape == (2, 1)
-
-
-@pytest.mark.parametrize("name", ["_ensure_potential", "_initial_positions", "_nonfinite_sites", "_transition"])
-def test_previous_private_names_remain_for_one_release(name):
-    assert callable(getattr(SGLD(_model), name))
