@@ -17,12 +17,14 @@ many chains share the process, on the other plates, on the number of processes, 
 drawn (the chain's generator is not used). Memory and set-up are ``O(num_chains)``: no table of
 ``num_chains x N`` indices (at ``N = 10^7`` and 32 chains, 2.6 GB).
 
-**Drawing ahead.** Evaluating the bijection costs about 70 elementwise operations per position and
-:math:`\\le 2` positions per index, whatever the batch; per call, the fixed cost of those operations
-dominates at small batches. The sampler therefore evaluates the next indices of up to
-:data:`DRAW_AHEAD` positions (all chains together) at once, and each step slices them. The values
-are the same however many are drawn ahead: the stream does not depend on it either.
-:func:`epoch_orders` materialises whole epochs, for hand-written loops that must reproduce a run.
+**Drawing ahead.** Evaluating the bijection costs about 90 elementwise integer operations per
+position and at most 2 positions per index (``span / N``, between 1 and 2); per call, the fixed
+cost of those operations dominates at small batches. The sampler therefore evaluates a block of up
+to about :data:`DRAW_AHEAD` positions (all chains together) at once, whole epochs when
+``num_chains x span`` fits (a table for small ``N``, the materialisation of the same permutations),
+else the next steps of the current epoch; each step slices the block. The indices are the same
+whatever the block: the stream does not depend on it either (tested). :func:`epoch_orders`
+materialises whole epochs, for hand-written loops that must reproduce a run's minibatches.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from .streams import ChainGenerators
 __all__ = ["DRAW_AHEAD", "Block", "MinibatchSampler", "draw", "epoch_orders"]
 
 #: About how many positions of the keyed permutations (all chains together) one evaluation covers.
-DRAW_AHEAD = 2**16
+DRAW_AHEAD = 2**14
 
 
 class Block(NamedTuple):
@@ -75,8 +77,13 @@ def draw(permutation: KeyedPermutation, start: torch.Tensor, count: int) -> Tupl
         if bool((rank[:, -1] >= count).all()):
             break
         width *= 2  # rare: near the end of the domain
-    take = valid & (rank <= count)
-    return values[take].view(-1, count), candidate[take].view(-1, count)
+    # the j-th value taken goes to column j - 1, the others to a spare last column (a scatter: no boolean
+    # indexing, whose size is known only after a host round trip)
+    column = torch.where(valid & (rank <= count), rank - 1, count)
+    out = torch.empty((2, start.shape[0], count + 1), dtype=torch.long, device=start.device)
+    out[0].scatter_(1, column, values)
+    out[1].scatter_(1, column, candidate)
+    return out[0, :, :count], out[1, :, :count]
 
 
 def epoch_orders(generators: ChainGenerators, plate: str, size: int, epoch: int) -> torch.Tensor:
@@ -102,8 +109,8 @@ class MinibatchSampler:
         The chains' seed and ids, which fix their keys per plate (the generators are not drawn from).
     draw_ahead : int, optional
         About how many positions (all chains together) one evaluation covers, default
-        :data:`DRAW_AHEAD`: whole epochs while ``num_chains * span`` fits, else part of one. Any value
-        gives the same indices.
+        :data:`DRAW_AHEAD` (read when the sampler is made): whole epochs while ``num_chains * span``
+        fits, else part of one. Any value gives the same indices.
     table_limit : None
         Deprecated, no effect: there are no permutation tables any more.
 
@@ -123,7 +130,7 @@ class MinibatchSampler:
         generators: ChainGenerators,
         table_limit: Optional[int] = None,
         *,
-        draw_ahead: int = DRAW_AHEAD,
+        draw_ahead: Optional[int] = None,
     ) -> None:
         if table_limit is not None:
             warnings.warn(
@@ -134,7 +141,7 @@ class MinibatchSampler:
             )
         self.plates = [p for p in plates if not p.user_indices]  # the model draws the others itself
         self.generators = generators
-        self.draw_ahead = int(draw_ahead)
+        self.draw_ahead = DRAW_AHEAD if draw_ahead is None else int(draw_ahead)
         num_chains, device = len(generators), generators.device
         self.bases = {p.name: _key_bases(generators, p.name) for p in self.plates}
         self.positions: Dict[str, torch.Tensor] = {

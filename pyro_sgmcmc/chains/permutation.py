@@ -1,11 +1,17 @@
-"""Random permutations of ``range(n)`` computed on the fly, for data too large to shuffle per chain.
+"""Random permutations of ``range(n)`` computed on the fly, keyed by integers: the minibatch method.
 
 A stored permutation costs ``O(n)`` memory and time per chain and per epoch: with ``10^7`` data
 and 256 chains the index table alone is 20 GB. Here the permutation is a *keyed bijection*
 :math:`\\pi_k` of :math:`\\{0, \\dots, 2^m - 1\\}` with :math:`2^{m-1} < n \\le 2^m`, read in order
 with the values :math:`\\ge n` skipped: the values below ``n`` then come out in a pseudo-random order,
-each exactly once. A chain's stream costs ``O(B)`` per step (about ``2B`` evaluations of
-:math:`\\pi_k`) and a few integers of state (the keys and a cursor), not a table.
+each exactly once. A chain's stream costs ``O(B)`` per step (at most ``2B`` evaluations of
+:math:`\\pi_k`) and a few integers of state (the keys and a cursor), not a table; and since the
+permutation is a function of its keys, any part of it (a step's ``B`` indices, a whole epoch:
+:meth:`KeyedPermutation.order`) can be evaluated on its own and gives the same values.
+
+The keys of epoch :math:`e` of a stream are a function of the stream's two roots per round and of
+:math:`e` (:func:`epoch_keys`), so a stream is fixed by its roots alone; the sampler derives the
+roots from ``(seed, chain id, plate)`` (:mod:`pyro_sgmcmc.chains.minibatch`).
 
 Construction: an alternating (unbalanced) Feistel network (Luby and Rackoff 1988; Black and Rogaway
 2002 for the skipping, "cycle walking" by another name). ``x`` is split into a high part ``L`` of
