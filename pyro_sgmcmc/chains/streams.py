@@ -3,7 +3,9 @@
 Every chain owns a :class:`torch.Generator` seeded from ``(seed, chain_id)`` through NumPy's
 ``SeedSequence``, so a chain's noise and minibatches depend only on the run's seed and its global
 chain id: the same chain gives the same draws whether it runs alone, in a vectorised batch, or on
-another process; and a run's randomness is checkpointed by saving the generators' states.
+another process; and a run's randomness is checkpointed by saving the generators' states. The
+generators draw the noise; a chain's minibatches come from keys of their own per subsampled plate
+(:meth:`ChainGenerators.plate_words`), so that the two streams never consume each other.
 """
 
 from __future__ import annotations
@@ -75,6 +77,20 @@ class ChainGenerators:
         for row, generator in zip(out, self.generators):
             row.random_(0, high, generator=generator)
         return out
+
+    def plate_words(self, plate: str, count: int) -> torch.Tensor:
+        """``count`` 31-bit integers per chain determined by ``(seed, chain id, plate)`` only, ``(num_chains,
+        count)`` LongTensor: the root of chain ``c``'s minibatch stream of the subsampled plate ``plate``.
+
+        They come from NumPy's ``SeedSequence`` of ``[seed, chain id, plate tag]`` (the tag is the plate's
+        name as an integer), independent of the chain's generator (so minibatches do not consume the
+        noise stream), of the other chains held here and of the other plates of the model.
+        """
+        tag = int.from_bytes(b"\x01" + plate.encode("utf-8"), "big")  # the leading byte: distinct names, distinct tags
+        words = np.stack(
+            [np.random.SeedSequence([self.seed, c, tag]).generate_state(count, np.uint32) for c in self.chain_ids]
+        )
+        return torch.from_numpy((words & 0x7FFFFFFF).astype(np.int64)).to(self.device)
 
     def get_state(self) -> List[torch.Tensor]:
         return [g.get_state() for g in self.generators]

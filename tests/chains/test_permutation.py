@@ -1,4 +1,4 @@
-"""Computed permutations (``pyro_sgmcmc.chains.permutation``) and the minibatch sampler that uses them.
+"""Keyed permutations (``pyro_sgmcmc.chains.permutation``) and their keys per epoch.
 
 Exactness: a keyed bijection of ``range(2^m)`` read with the values ``>= n`` skipped must give every
 ``i < n`` exactly once. Randomness: over many random keys, the position of a datum, the inclusion of
@@ -15,10 +15,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from pyro_sgmcmc.chains.minibatch import MinibatchSampler
-from pyro_sgmcmc.chains.permutation import NUM_ROUNDS, KeyedPermutation
-from pyro_sgmcmc.chains.streams import ChainGenerators
-from pyro_sgmcmc.model.potential import SubsamplePlate
+from pyro_sgmcmc.chains.permutation import NUM_ROUNDS, KeyedPermutation, epoch_keys, mix31
 
 
 def _keys(rows: int, seed: int = 0) -> torch.Tensor:
@@ -68,56 +65,47 @@ def test_bad_arguments():
         KeyedPermutation(10, torch.zeros(2, 3, dtype=torch.long))
 
 
-def _samplers(n: int, batch: int, chains: int, seed: int = 0):
-    plate = SubsamplePlate("data", n, batch)
-    table = MinibatchSampler([plate], ChainGenerators(seed, range(chains)))
-    computed = MinibatchSampler([plate], ChainGenerators(seed, range(chains)), table_limit=0)
-    assert "data" in table.permutations and "data" in computed.keys and "data" not in computed.permutations
-    return table, computed
+def test_order_is_the_bijection_read_with_the_large_values_skipped():
+    """``order`` (chunked, rows together) equals the reference reading, for chunks that split the rows unevenly."""
+    for n, rows in [(1, 2), (5, 3), (1000, 4), (4097, 2)]:
+        keys = _keys(rows, seed=n)
+        for chunk in (3, 64, 1000, 2**18):
+            assert torch.equal(KeyedPermutation(n, keys).order(chunk=chunk), _orders(n, keys)), (n, chunk)
 
 
-@pytest.mark.parametrize("n, batch", [(1000, 10), (1003, 100), (97, 97), (5000, 7)])
-def test_computed_sampler_epochs_cover_the_data_once(n, batch):
-    """Computed permutations keep the table's epoch contract: within an epoch each chain's minibatches
-    are disjoint and cover floor(N / B) * B distinct data; the next epoch reshuffles (new keys)."""
-    _, sampler = _samplers(n, batch, chains=3)
-    steps = n // batch
-    for _epoch in range(2):
-        epoch = torch.cat([sampler.next()["data"] for _ in range(steps)], dim=-1)
-        assert epoch.shape == (3, steps * batch)
-        for row in epoch:
-            assert len(torch.unique(row)) == steps * batch and int(row.min()) >= 0 and int(row.max()) < n
-    assert not torch.equal(epoch[0], epoch[1])  # chains differ
+def test_mixer_is_a_bijection_of_31_bits_for_a_fixed_key():
+    """On a window of 2^20 inputs: no two collide (a bijection of [0, 2^31) restricted), all below 2^31."""
+    values = torch.arange(2**20) * 2047 + 12345
+    hashed = mix31(values, torch.tensor(987654321), 0x5BD1E995)
+    assert int(hashed.max()) < 2**31 and int(hashed.min()) >= 0 and len(torch.unique(hashed)) == len(values)
 
 
-def test_computed_sampler_minibatches_are_uniform():
-    """Inclusion counts of each datum over many chains' first minibatch: uniform (chi-square)."""
-    n, batch, chains = 40, 8, 5000
-    _, sampler = _samplers(n, batch, chains, seed=3)
-    first = sampler.next()["data"]
-    counts = torch.bincount(first.reshape(-1), minlength=n)
-    assert _chi2(counts, chains * batch / n) < chi2.ppf(0.999, n - 1)
+def _epoch_orders(n: int, epochs: int, seed: int = 0) -> torch.Tensor:
+    """One stream's first ``epochs`` permutations (keys from :func:`epoch_keys`), ``(epochs, n)``."""
+    bases = torch.randint(0, 2**31, (1, 2, NUM_ROUNDS), generator=torch.Generator().manual_seed(seed))
+    keys = epoch_keys(bases.expand(epochs, -1, -1), torch.arange(1, epochs + 1).unsqueeze(-1))
+    assert len({tuple(row.tolist()) for row in keys}) == epochs  # distinct epochs, distinct keys
+    return _orders(n, keys)
 
 
-def test_computed_sampler_resumes_exactly_and_is_reproducible():
-    _, sampler = _samplers(500, 30, chains=4, seed=7)
-    for _ in range(20):  # into the second epoch (16 steps per epoch)
-        sampler.next()
-    saved, generator_states = sampler.state_dict(), sampler.generators.get_state()
-    ahead = [sampler.next()["data"] for _ in range(30)]
-    _, other = _samplers(500, 30, chains=4, seed=7)
-    other.load_state_dict(saved)
-    other.generators.set_state(generator_states)
-    assert all(torch.equal(a, other.next()["data"]) for a in ahead)
-    _, again = _samplers(500, 30, chains=4, seed=7)
-    _, fresh = _samplers(500, 30, chains=4, seed=7)
-    assert all(torch.equal(again.next()["data"], fresh.next()["data"]) for _ in range(20))
+def test_the_epochs_of_one_stream_are_uniform():
+    """The same chi-square tests over the successive epochs of *one* stream (keys derived from the epoch
+    number, not drawn): position of a datum, first-minibatch inclusion, ordered first pair."""
+    n, batch, epochs = 50, 10, 20_000
+    orders = _epoch_orders(n, epochs, seed=4)
+    position = (orders == 0).int().argmax(-1)
+    assert _chi2(torch.bincount(position, minlength=n), epochs / n) < chi2.ppf(0.999, n - 1)
+    inclusion = torch.bincount(orders[:, :batch].reshape(-1), minlength=n)
+    assert _chi2(inclusion, epochs * batch / n) < chi2.ppf(0.999, n - 1)
+    pairs = torch.bincount(orders[:, 0] * n + orders[:, 1], minlength=n * n).reshape(n, n)
+    off_diagonal = pairs[~torch.eye(n, dtype=torch.bool)]
+    assert _chi2(off_diagonal, epochs / (n * (n - 1))) < chi2.ppf(0.999, n * (n - 1) - 1)
 
 
-def test_large_data_many_chains_use_computed_permutations():
-    """At N = 10^7 and 32 chains a table would be 2.6 GB: the sampler holds keys instead."""
-    plate = SubsamplePlate("data", 10**7, 100)
-    sampler = MinibatchSampler([plate], ChainGenerators(0, range(32)))
-    assert sampler.permutations == {} and sampler.keys["data"].shape == (32, NUM_ROUNDS)
-    batch = sampler.next()["data"]
-    assert batch.shape == (32, 100) and all(len(torch.unique(row)) == 100 for row in batch)
+def test_successive_epochs_are_not_correlated():
+    """The position of datum 0 in epoch e against epoch e + 1 of one stream: uniform over the n^2 pairs."""
+    n, epochs = 20, 40_001
+    orders = _epoch_orders(n, epochs, seed=5)
+    position = (orders == 0).int().argmax(-1)
+    pairs = torch.bincount(position[:-1] * n + position[1:], minlength=n * n)
+    assert _chi2(pairs, (epochs - 1) / n**2) < chi2.ppf(0.999, n * n - 1)
