@@ -7,9 +7,12 @@ A checkpoint is two things:
   divergence records), the list of draw chunks, and a SHA-256 checksum of every record;
 * the **draw chunks**, ``<path>.draws/<first>-<stop>.pt``: the draws (and their statistics) kept
   between two writes, each file written once and never rewritten. Each chunk holds the SHA-256 of
-  the one before it (a hash chain) and the index that of the last, so the index does not grow;
-* the **permutation tables** of the minibatch sampler, ``<path>.draws/blob-<sha256>.pt``: written
-  when a plate begins a new epoch, not at every write (they are ``num_chains x N`` integers).
+  the one before it (a hash chain) and the index that of the last, so the index does not grow.
+
+The minibatch streams are keyed permutations (:mod:`pyro_sgmcmc.chains.minibatch`): their state in the
+index is a few integers per chain and plate (keys, positions, cursors, epochs), not a table, so
+there is no other file. (Format 2 also wrote the minibatch permutation tables, ``blob-<sha256>.pt``;
+such a checkpoint is refused, naming its format.)
 
 A write costs ``O(k)`` for the ``k`` steps since the previous one: one new chunk and the small index
 (the kernel's state does not grow with the run). Each file is written to ``<name>.tmp``, flushed,
@@ -41,9 +44,7 @@ __all__ = [
     "write_chunk",
     "read_chunk",
     "read_chunks",
-    "write_blob",
     "commit_files",
-    "read_blob",
     "chunk_directory",
     "clear_chunks",
     "checksums",
@@ -52,7 +53,8 @@ __all__ = [
     "CheckpointMismatch",
 ]
 
-FORMAT_VERSION = 2
+#: 3: no permutation table files (2 wrote them, ``blob-<sha256>.pt``, and named them in the index).
+FORMAT_VERSION = 3
 _SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
 
@@ -125,7 +127,7 @@ def _write_atomically(data: bytes, path: Path, sync: bool = True, pending: Optio
 
 
 def commit_files(files: List[Tuple[bytes, Path]], sync: bool = True) -> None:
-    """Write several files atomically, renamed in the order given (a checkpoint: chunk and tables, then index).
+    """Write several files atomically, renamed in the order given (a checkpoint: chunk, then index).
 
     Every file is written to its ``.tmp`` first; with ``sync`` all are ``fsync``-ed *concurrently* (the
     file system commits them together: one disk flush's latency instead of one per file), and only then
@@ -183,7 +185,8 @@ def chunk_directory(path: Union[str, os.PathLike]) -> Path:
 
 
 def clear_chunks(path: Union[str, os.PathLike]) -> None:
-    """Remove the draw chunks of checkpoint ``path`` (a run that starts afresh); only this module's files."""
+    """Remove the draw chunks of checkpoint ``path`` (a run that starts afresh); only this module's files
+    (the table files ``blob-*`` of a format-2 checkpoint too)."""
     directory = chunk_directory(path)
     if not directory.is_dir():
         return
@@ -268,22 +271,6 @@ def read_chunks(
     return chunks[::-1]
 
 
-def write_blob(
-    path: Union[str, os.PathLike], tensor: torch.Tensor, sync: bool = True, pending: Optional[list] = None
-) -> dict:
-    """Write a large tensor of the state that changes rarely (a permutation table) as its own file.
-
-    Returns its entry for the index: the file name (from its SHA-256) and the SHA-256.
-    """
-    directory = chunk_directory(path)
-    directory.mkdir(exist_ok=True)
-    data = _serialise(_own_copy(tensor))
-    digest = hashlib.sha256(data).hexdigest()
-    name = f"blob-{digest}.pt"
-    _write_atomically(data, directory / name, sync, pending)
-    return {"file": name, "sha256": digest}
-
-
 def _read_verified(path, entry: dict, describe: Callable[[Path], str], detail: str = "") -> Tuple[Path, bytes]:
     """The bytes of the file ``entry`` names in the checkpoint's directory, checked against its SHA-256;
     :class:`CheckpointMismatch` (``describe(file)`` naming it) when it is missing or altered."""
@@ -296,17 +283,6 @@ def _read_verified(path, entry: dict, describe: Callable[[Path], str], detail: s
             f"checkpoint {path}: {describe(file)}{detail} does not match its checksum: it was damaged or altered"
         )
     return file, data
-
-
-def read_blob(path: Union[str, os.PathLike], entry: Any, record: str) -> torch.Tensor:
-    """Read and verify a tensor written by :func:`write_blob` (:class:`CheckpointMismatch` naming it otherwise)."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or "sha256" not in entry:
-        raise CheckpointMismatch(f"checkpoint {path}: the record {record!r} is malformed ({entry!r})")
-    file, data = _read_verified(path, entry, lambda file: f"the file {file} of record {record!r}")
-    tensor = _load(data, f"the file {file} of record {record!r}")
-    if not isinstance(tensor, torch.Tensor):
-        raise CheckpointMismatch(f"checkpoint {path}: the file {file} of record {record!r} does not hold a tensor")
-    return tensor
 
 
 def save_checkpoint(
@@ -324,9 +300,17 @@ def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
     payload = _load(Path(path).read_bytes(), str(path))
     if not isinstance(payload, dict):
         raise CheckpointMismatch(f"{path} is not a pyro_sgmcmc checkpoint (it holds a {type(payload).__name__})")
-    if payload.get("format_version") != FORMAT_VERSION:
+    version = payload.get("format_version")
+    if version != FORMAT_VERSION:
+        earlier = (
+            " (written by an earlier pyro_sgmcmc, with minibatch permutation tables, whose minibatch streams this "
+            "version does not continue)"
+            if isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION
+            else ""
+        )
         raise CheckpointMismatch(
-            f"checkpoint {path} has format {payload.get('format_version')!r}, expected {FORMAT_VERSION}"
+            f"checkpoint {path} has format {version!r}, expected {FORMAT_VERSION}{earlier}: start the run afresh "
+            "(resume=False, or another checkpoint path)"
         )
     _verify(path, payload)
     if payload.get("fingerprint") != fingerprint:

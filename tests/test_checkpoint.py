@@ -72,15 +72,16 @@ def test_resume_inside_the_warmup_is_bit_identical(tmp_path, every, stop, phase)
                 resumed.get_samples(group_by_chain=True), resumed.sample_stats)  # fmt: skip
 
 
-def test_resume_with_computed_permutations_is_bit_identical(tmp_path, monkeypatch):
-    """The same with the minibatch permutations computed on the fly (as for data too large for a table):
-    their keys and cursors are checkpointed, so the resumed run draws the same minibatches."""
-    monkeypatch.setattr("pyro_sgmcmc.chains.minibatch.TABLE_LIMIT", 0)
+def test_resume_inside_a_block_drawn_ahead_is_bit_identical(tmp_path, monkeypatch):
+    """The same with the minibatch indices drawn ahead in blocks of part of an epoch (as for large data):
+    the checkpoint holds each chain's keys, position and cursor, not the block, so the resumed run draws
+    the same minibatches."""
+    monkeypatch.setattr("pyro_sgmcmc.chains.minibatch.DRAW_AHEAD", 64)  # 6 chains x span 512 > 64: part of one
     reference = script.run()
     path = tmp_path / "run.ckpt"
 
     def interrupt_at_step_57(kernel, params, stage, i):
-        assert kernel.minibatches.keys and not kernel.minibatches.permutations  # the computed path
+        assert kernel.minibatches.keys and kernel.minibatches.draw_ahead == 64
         if kernel.state.step == 57:
             raise Interrupt
 
@@ -164,7 +165,7 @@ def test_single_chain_pyro_mcmc_is_reproducible_under_pyro_set_rng_seed():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pyro_sgmcmc.checkpoint import checksums, chunk_directory  # noqa: E402
+from pyro_sgmcmc.checkpoint import FORMAT_VERSION, checksums, chunk_directory  # noqa: E402
 
 _DATA = script.data
 FULL = script.SETTINGS["warmup_steps"] + script.SETTINGS["num_samples"]
@@ -200,7 +201,7 @@ def _restore(files, directory):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    which=st.sampled_from(["index", "chunk", "table"]),
+    which=st.sampled_from(["index", "chunk"]),
     where=st.floats(0, 1, exclude_max=True),
     flip=st.integers(1, 255),
 )
@@ -211,7 +212,7 @@ def test_a_flipped_byte_is_refused_or_harmless(reference_run, interrupted_files,
 
     with tempfile.TemporaryDirectory(dir=tmp_path) as tmp:
         files = dict(interrupted_files)
-        prefix = {"index": "run.ckpt", "chunk": "0", "table": "blob-"}[which]
+        prefix = {"index": "run.ckpt", "chunk": "0"}[which]
         name = next(n for n in files if n.startswith(prefix))
         data = bytearray(files[name])
         offset = int(where * len(data))
@@ -270,6 +271,22 @@ def test_an_edited_checkpoint_is_refused(interrupted_files, tmp_path, change, me
         script.run(checkpoint=path, every=10)
 
 
+def test_a_checkpoint_of_the_table_format_is_refused_naming_its_version(interrupted_files, tmp_path):
+    """A format-2 checkpoint (its minibatch permutation tables in files ``blob-<sha256>.pt`` named by the
+    index) is refused with its version and the reason, not read as far as the kernel's state."""
+
+    def format_2(saved):
+        saved["format_version"] = 2
+        saved["kernel"]["minibatches"]["permutation_files"] = {"data": {"file": "blob-" + "0" * 64 + ".pt",
+                                                                        "sha256": "0" * 64}}  # fmt: skip
+
+    path = _edit(interrupted_files, tmp_path, format_2, recompute=True)
+    message = rf"has format 2, expected {FORMAT_VERSION} \(written by an earlier pyro_sgmcmc, with minibatch permutation"
+    with pytest.raises(CheckpointMismatch, match=message):
+        script.run(checkpoint=path, every=10)
+    assert FORMAT_VERSION == 3
+
+
 class _RunsCode:
     """Unpickling this calls Path.touch(marker): what a crafted checkpoint would do with os.system."""
 
@@ -283,7 +300,7 @@ class _RunsCode:
 def test_a_crafted_checkpoint_runs_no_code(tmp_path):
     marker = tmp_path / "code-ran"
     path = tmp_path / "run.ckpt"
-    torch.save({"format_version": 2, "steps_done": 50, "payload": _RunsCode(marker)}, path)
+    torch.save({"format_version": FORMAT_VERSION, "steps_done": 50, "payload": _RunsCode(marker)}, path)
     with pytest.raises(CheckpointMismatch, match="not a readable"):
         script.run(checkpoint=path, every=10)
     assert not marker.exists()
@@ -382,18 +399,15 @@ def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_pat
     monkeypatch.setattr(run_checkpoint, "commit_files", commit)
     path = tmp_path / "run.ckpt"
     mcmc = script.run(checkpoint=path, every=10)
-    chunks = [(name, size) for name, size in writes if name != "run.ckpt" and not name.startswith("blob-")]
-    tables = [name for name, _ in writes if name.startswith("blob-")]
+    chunks = [(name, size) for name, size in writes if name != "run.ckpt"]
     indexes = [size for name, size in writes if name == "run.ckpt"]
     assert len(indexes) == FULL // 10
     assert len(chunks) == script.SETTINGS["num_samples"] // 10  # one per write in the sampling phase
     assert len({name for name, _ in chunks}) == len(chunks)  # never the same file twice
-    # the minibatch permutation table (6 chains x 300 data) is written only when an epoch has begun since the
-    # previous write (an epoch is 15 minibatches of 20; the warmup's adaptation draws extra ones): here 8 of
-    # the 10 writes, and never more than the epochs begun
-    epochs = mcmc.kernel.minibatches.epochs["data"]
-    assert len(tables) <= min(epochs, len(indexes) - 1), (len(tables), epochs, len(indexes))
-    assert len(set(tables)) == len(tables)  # each table file written once
+    # no other file: the minibatch streams are keyed permutations, whose state (keys, positions, cursors,
+    # epochs) is in the index, although the run began several epochs (an epoch is 15 minibatches of 20)
+    assert all(name == "run.ckpt" or name[0].isdigit() for name, _ in writes), writes
+    assert mcmc.kernel.minibatches.epochs["data"] > 1
     # one batch per write, the index renamed last (after the files it names)
     assert len(batches) == len(indexes) and all(batch[-1] == "run.ckpt" for batch in batches)
     # each holds 10 draws; all but the first also the previous chunk's entry (name, range, SHA-256)
@@ -416,7 +430,7 @@ def test_a_fresh_start_removes_the_old_chunks(tmp_path):
 
     MCMC(SGHMC(script.model, step_size=0.02), checkpoint_path=path, checkpoint_every=10, resume=False,
          disable_progbar=True, **script.SETTINGS).run(*script.data())  # fmt: skip
-    after = sorted(p.name for p in chunk_directory(path).iterdir() if not p.name.startswith("blob-"))
+    after = sorted(p.name for p in chunk_directory(path).iterdir())
     assert before != after
     assert after == [f"{s:012d}-{s + 10:012d}.pt" for s in range(0, script.SETTINGS["num_samples"], 10)]
 
@@ -444,9 +458,9 @@ def test_checkpoint_sync_decides_the_fsyncs_and_both_resume_bit_identically(refe
 
     with pytest.raises(Interrupt):
         run(interrupt_at_step_57)
-    # 5 writes by step 50: 5 indexes, 1 chunk (the draws of steps 41-50) and the permutation table at each
-    # write that follows a new epoch (5 here), each fsync-ed with sync
-    assert len(calls) == (11 if sync else 0)
+    # 5 writes by step 50 (every 10 steps): 5 indexes and 1 chunk (the draws of steps 41-50, the only sampling
+    # steps written), each fsync-ed with sync; no other file (the minibatch state is in the index, no tables)
+    assert len(calls) == (6 if sync else 0)
     resumed = run()
     _equal_runs(reference_run.get_samples(group_by_chain=True), reference_run.sample_stats,
                 resumed.get_samples(group_by_chain=True), resumed.sample_stats)  # fmt: skip
@@ -480,7 +494,7 @@ def test_a_refused_checkpoint_leaves_no_draws_to_read(interrupted_files, tmp_pat
 @pytest.mark.parametrize("every, kills", [(1, (23, 61)), (3, (47, 88))], ids=["every-1", "every-3"])
 def test_repeated_sigkills_at_any_moment_of_a_write_resume_bit_identically(tmp_path, every, kills):
     """Killed twice (with a write at every step or every 3, the kill often lands inside a write of the chunk,
-    table and index files), resumed each time in a fresh process: the final draws equal an uninterrupted
+    and index files), resumed each time in a fresh process: the final draws equal an uninterrupted
     run's, and each kill loses at most k steps."""
     path, out = tmp_path / "run.ckpt", tmp_path / "out.pt"
     for kill_at in kills:

@@ -2,8 +2,8 @@
 
 The files and their guarantees (atomic writes, hash chain, verified reads) are those of
 :mod:`pyro_sgmcmc.checkpoint`; this module decides what goes in them: a draw chunk with the draws
-kept since the previous write, the kernel's state (its minibatch permutation tables in files of
-their own, rewritten only when a plate begins a new epoch), and the run's *fingerprint*, the
+kept since the previous write, the kernel's state in the index (its minibatch streams are keyed
+permutations: a few integers per chain and plate, no table), and the run's *fingerprint*, the
 settings that change the draws, which a resuming run must share.
 """
 
@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
 from ..checkpoint import (
     CheckpointMismatch,
     check_serialisable,
-    chunk_directory,
     clear_chunks,
     commit_files,
     load_checkpoint,
-    read_blob,
     read_chunks,
     save_checkpoint,
-    write_blob,
     write_chunk,
 )
 from ..draws import DrawStore
@@ -93,19 +90,18 @@ class RunCheckpoint:
         self.fingerprint = fingerprint
         self.sync = sync
         self.last_chunk: Optional[dict] = None  # the entry of the last chunk written (the hash chain's end)
-        self.tables: Dict[str, dict] = {}  # per plate: the file of its permutation table and its epoch
         self.written = 0  # draws already in chunk files
         self.steps_done = 0
 
     def write(self, steps_done: int, phase: str, kernel: SGMCMCKernel, store: DrawStore) -> None:
-        """One chunk with the draws since the last write (O(k)), a new permutation table if an epoch began,
-        then the index: written together (their fsyncs concurrent), renamed in that order."""
+        """One chunk with the draws since the last write (O(k)), then the index: written together (their
+        fsyncs concurrent), renamed in that order."""
         pending: list = []
         last_chunk = self.last_chunk
         if store.count > self.written:
             positions, stats = store.filled(self.written)
             last_chunk = write_chunk(self.path, self.written, positions, stats, last_chunk, pending=pending)
-        state = self._externalise(kernel.state_dict(), pending)
+        state = kernel.state_dict()
         payload = {
             "fingerprint": self.fingerprint,
             "steps_done": steps_done,
@@ -116,45 +112,6 @@ class RunCheckpoint:
         save_checkpoint(payload, self.path, pending=pending)
         commit_files(pending, self.sync)
         self.last_chunk, self.written, self.steps_done = last_chunk, store.count, steps_done
-        self._forget_replaced_tables()
-
-    def _externalise(self, state: dict, pending: list) -> dict:
-        """Move the minibatch permutation tables out of the index: each in its own file, written only when
-        its plate has begun a new epoch since the previous write (O(C N) once per epoch, not per write)."""
-        minibatches = dict(state["minibatches"])
-        epochs = minibatches.get("epochs", {})
-        files = {}
-        for name, table in minibatches.pop("permutations").items():
-            entry = self.tables.get(name)
-            if entry is None or entry["epoch"] != epochs.get(name):
-                entry = {**write_blob(self.path, table, pending=pending), "epoch": epochs.get(name), "replaces": entry}
-                self.tables[name] = entry
-            files[name] = {"file": entry["file"], "sha256": entry["sha256"]}
-        minibatches["permutation_files"] = files
-        return {**state, "minibatches": minibatches}
-
-    def _forget_replaced_tables(self) -> None:
-        """Delete the table files the new index no longer names (after it replaced the previous index)."""
-        for entry in self.tables.values():
-            replaced = entry.pop("replaces", None)
-            if replaced is not None and replaced["file"] != entry["file"]:
-                (chunk_directory(self.path) / replaced["file"]).unlink(missing_ok=True)
-
-    def _internalise(self, state: Any) -> dict:
-        """The kernel's state with its permutation tables read back from their files (verified)."""
-        if not isinstance(state, dict) or not isinstance(state.get("minibatches"), dict):
-            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
-        minibatches = dict(state["minibatches"])
-        files = minibatches.pop("permutation_files", {})
-        if not isinstance(files, dict):
-            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel/minibatches' is malformed")
-        minibatches["permutations"] = {
-            name: read_blob(self.path, entry, f"kernel/minibatches/permutation_files/{name}")
-            for name, entry in files.items()
-        }
-        epochs = minibatches.get("epochs", {})
-        self.tables = {name: {**entry, "epoch": epochs.get(name)} for name, entry in files.items()}
-        return {**state, "minibatches": minibatches}
 
     def resume(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength) -> None:
         """Load, verify and validate the checkpoint into ``kernel`` and ``store``."""
@@ -173,7 +130,9 @@ class RunCheckpoint:
                 f"checkpoint {self.path}: {store.count} draws saved, but a run stopped after {steps_done} steps keeps "
                 f"{expected}"
             )
-        state = self._internalise(saved.get("kernel"))
+        state = saved.get("kernel")
+        if not isinstance(state, dict) or not isinstance(state.get("minibatches"), dict):
+            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
         try:
             kernel.load_state_dict(state)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
