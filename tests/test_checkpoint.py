@@ -281,7 +281,7 @@ def test_a_checkpoint_of_the_table_format_is_refused_naming_its_version(interrup
                                                                         "sha256": "0" * 64}}  # fmt: skip
 
     path = _edit(interrupted_files, tmp_path, format_2, recompute=True)
-    message = rf"has format 2, expected {FORMAT_VERSION} \(written by an earlier pyro_sgmcmc, with minibatch permutation"
+    message = rf"has format 2, expected {FORMAT_VERSION} \(written by an earlier pyro_sgmcmc, with minibatch"
     with pytest.raises(CheckpointMismatch, match=message):
         script.run(checkpoint=path, every=10)
     assert FORMAT_VERSION == 3
