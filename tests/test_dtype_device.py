@@ -5,8 +5,8 @@ For all three kernels, under ``pyro.infer.MCMC`` and under ``pyro_sgmcmc.MCMC(ch
 * the draws have the dtype and device of the model's data and prior tensors, whatever the default
   dtype is;
 * the state (positions, momenta, thermostats, potential energies, gradients), the injected noise,
-  the random generators, the minibatch permutations and the minibatch indices live on the data's
-  device, in the data's dtype (indices: ``torch.long``);
+  the random generators, the minibatch streams' keys and positions and the minibatch indices live
+  on the data's device, in the data's dtype (keys, positions and indices: ``torch.long``);
 * to_inference_data and checkpoint/resume keep float64 runs in float64.
 
 The CUDA variants run only where CUDA is available; on the CPU the same checks compare devices and
@@ -28,7 +28,8 @@ from pyro.infer import MCMC as PyroMCMC
 from torch.distributions import constraints
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT, DivergenceWarning, ModelPotential, to_inference_data
-from pyro_sgmcmc.chains.minibatch import MinibatchSampler
+from pyro_sgmcmc.chains.minibatch import MinibatchSampler, draw
+from pyro_sgmcmc.chains.permutation import KeyedPermutation, epoch_keys
 from pyro_sgmcmc.chains.streams import ChainGenerators
 from pyro_sgmcmc.kernels import diffusions
 from pyro_sgmcmc.kernels.base import SGMCMCKernel
@@ -40,8 +41,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 DTYPES = [torch.float32, torch.float64]
 KERNELS = {
     "SGLD": lambda model, **kw: SGLD(model, step_size=1e-3, **kw),
-    "SGHMC": lambda model, **kw: SGHMC(model, step_size=1e-3, initial_momentum="stationary", **kw),
-    "SGNHT": lambda model, **kw: SGNHT(model, step_size=1e-3, initial_momentum="stationary", **kw),
+    "SGHMC": lambda model, **kw: SGHMC(model, step_size=1e-3, init_momentum="stationary", **kw),
+    "SGNHT": lambda model, **kw: SGNHT(model, step_size=1e-3, init_momentum="stationary", **kw),
 }
 
 
@@ -170,8 +171,13 @@ def test_draws_state_noise_and_minibatches_follow_the_data(runner, kernel_name, 
     assert _same_device(torch.empty(0, device=kernel.generators.device), device)
     for generator in kernel.generators.generators:
         assert generator.device.type == torch.device(device).type
-    for permutation in kernel.minibatches.permutations.values():
-        assert permutation.dtype == torch.long and _same_device(permutation, device)
+    # the minibatch streams' state (keyed permutations: per chain, the keys of the current epoch and the position
+    # in the permutation's domain) is integer, on the chains' device
+    minibatches = kernel.minibatches
+    for name, keys in minibatches.keys.items():
+        position = minibatches.positions[name]
+        assert keys.dtype == torch.long and _same_device(keys, device) and keys.shape[0] == num_chains, name
+        assert position.dtype == torch.long and _same_device(position, device) and position.shape == (num_chains,)
 
     # the floating statistics that are functions of the state have the state's dtype, except those kept
     # in float64 so that they stay finite whenever the state is (kinetic energy, step size, temperature)
@@ -283,7 +289,7 @@ def test_float64_checkpoint_resume_is_bit_identical(tmp_path):
 
     def go(path=None, hook=None):
         pyro.set_rng_seed(0)
-        kernel = SGHMC(make_model(torch.float64, "cpu"), step_size=1e-3, initial_momentum="stationary")
+        kernel = SGHMC(make_model(torch.float64, "cpu"), step_size=1e-3, init_momentum="stationary")
         mcmc = MCMC(
             kernel,
             4,
@@ -326,7 +332,8 @@ def _kernel_tensors(kernel: SGMCMCKernel):
         value = getattr(kernel, name, None)
         if isinstance(value, torch.Tensor):
             found[name] = value
-    found.update({f"permutations.{k}": v for k, v in kernel.minibatches.permutations.items()})
+    found.update({f"minibatches.keys.{k}": v for k, v in kernel.minibatches.keys.items()})
+    found.update({f"minibatches.positions.{k}": v for k, v in kernel.minibatches.positions.items()})
     found.update({f"last_stats.{k}": v for k, v in kernel.last_stats.items()})
     return found
 
@@ -392,8 +399,10 @@ HOT_PATH = [
     ModelPotential.potential_and_grad,
     ModelPotential.batched_potential_and_grad,
     ChainGenerators.normal,
-    ChainGenerators.permutation,
     MinibatchSampler.next,
+    draw,  # the minibatch indices: keyed permutations evaluated on the chains' device
+    KeyedPermutation.__call__,
+    epoch_keys,
     diffusions.langevin_step,
     diffusions.underdamped_step,
     diffusions.nose_hoover_step,
