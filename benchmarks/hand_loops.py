@@ -1,8 +1,9 @@
 """The hand-written reference loops every speed benchmark is timed against (re-exported by ``harness.py``).
 
 :class:`HandChains` runs SGLD, SGHMC or SGNHT for ``K`` chains in plain PyTorch on a potential given as a
-function: no Pyro, no package code but ``chain_seed`` (so that its random streams are the package's and it
-reproduces the kernels' trajectories to round-off; the benchmarks check this before they time anything).
+function: no Pyro, no package code but its random streams, ``chain_seed`` for the noise and
+``pyro_sgmcmc.chains.minibatch.epoch_orders`` for the minibatches (so that it reproduces the kernels'
+trajectories to round-off; the benchmarks check this before they time anything).
 
 ``python benchmarks/hand_loops.py --check`` runs the loops against the package's SGLD, SGHMC and SGNHT on a
 small logistic regression (same start, same seed, fixed step size, no adaptation) and prints the largest
@@ -45,9 +46,11 @@ class HandChains:
             \\xi' = \\xi + \\epsilon (m' \\cdot m' / (\\sigma^2 D) - T / N)
 
     (the package's temperature is per datum: its noise temperature is :math:`T / N`). The random streams
-    are the package's: one ``torch.Generator`` per chain seeded with ``chain_seed(seed, c)``, noise drawn
-    row by row, minibatches walking through a per-chain epoch permutation, reshuffled when fewer than ``B``
-    indices remain. The step order is the kernels': noise, move with the cached gradient, new minibatch,
+    are the package's: one ``torch.Generator`` per chain seeded with ``chain_seed(seed, c)``, the noise drawn
+    from it row by row (and nothing else); minibatches walking through each chain's epoch of the package's
+    keyed permutation of plate ``plate`` (:func:`pyro_sgmcmc.chains.minibatch.epoch_orders`, a function of
+    ``(seed, chain, plate, epoch)``, whole epochs evaluated at once), the next epoch begun when fewer than
+    ``B`` indices remain. The step order is the kernels': noise, move with the cached gradient, new minibatch,
     new gradient. ``in_place=True`` writes the SGHMC update as fused in-place operations (the fastest hand
     form); ``keep_draws`` also keeps a copy of every position, as an MCMC run that returns its draws must.
     """
@@ -66,8 +69,11 @@ class HandChains:
         temperature: float = 1.0,
         in_place: bool = False,
         keep_draws: bool = False,
+        plate: str = "data",
     ):
-        from pyro_sgmcmc.chains.streams import chain_seed  # here: storage.py may time an older package
+        # here: storage.py may time an older package
+        from pyro_sgmcmc.chains.minibatch import epoch_orders
+        from pyro_sgmcmc.chains.streams import ChainGenerators, chain_seed
 
         if method not in ("SGLD", "SGHMC", "SGNHT"):
             raise ValueError(f"method must be SGLD, SGHMC or SGNHT; got {method!r}")
@@ -76,8 +82,10 @@ class HandChains:
         self.step_size, self.friction, self.mass, self.temperature = step_size, friction, mass, temperature
         self.num_chains, self.dim = initial_position.shape
         self.generators = [torch.Generator().manual_seed(chain_seed(seed, c)) for c in range(self.num_chains)]
-        self.permutation = torch.empty((self.num_chains, num_data), dtype=torch.long)
-        self.cursor = num_data
+        # the minibatch streams: keys from (seed, chain, plate, epoch); the generators above are not drawn from
+        self.streams, self.plate, self.epoch_orders = ChainGenerators(seed, range(self.num_chains)), plate, epoch_orders
+        self.order = torch.empty((self.num_chains, num_data), dtype=torch.long)
+        self.epoch, self.cursor = 0, num_data
         self.position = initial_position.clone()
         self.momentum = torch.zeros_like(self.position)
         self.thermostat = torch.full((self.num_chains,), friction, dtype=self.position.dtype)
@@ -86,12 +94,13 @@ class HandChains:
         self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
 
     def next_indices(self) -> torch.Tensor:
-        """The next ``(K, B)`` minibatch indices, each chain walking through its own epoch permutation."""
+        """The next ``(K, B)`` minibatch indices, each chain walking through its own epoch of the keyed
+        permutation (the package's stream)."""
         if self.cursor + self.batch_size > self.num_data:
-            for row, generator in zip(self.permutation, self.generators):
-                row.copy_(torch.randperm(self.num_data, generator=generator))
+            self.epoch += 1
+            self.order = self.epoch_orders(self.streams, self.plate, self.num_data, self.epoch)
             self.cursor = 0
-        idx = self.permutation[:, self.cursor : self.cursor + self.batch_size]
+        idx = self.order[:, self.cursor : self.cursor + self.batch_size]
         self.cursor += self.batch_size
         return idx
 
