@@ -2,8 +2,8 @@
 
 For two models, the time of one step (minibatch draw, log density, gradient, update) of:
 
-* ``hand``: a plain PyTorch loop (``harness.HandChains``, one chain): ``torch.randperm`` for the
-  minibatch, the log density written by hand with ``torch.distributions`` (validation off),
+* ``hand``: a plain PyTorch loop (``harness.HandChains``, one chain): the package's keyed-permutation
+  minibatches (``epoch_orders``), the log density written by hand with ``torch.distributions`` (validation off),
   ``torch.autograd.grad`` on a flat parameter vector, and the SGLD / SGHMC update written out;
 * ``direct``: ``kernel.setup(...)`` once, then ``params = kernel.sample(params)`` in a loop, with
   Pyro's distribution validation on (Pyro's default outside ``MCMC``) and off;
@@ -20,7 +20,7 @@ Models:
 
 Before timing, the script checks that the hand loop and the kernel take the *same* steps: at
 temperature 0 on the full data, from the same point, their trajectories agree to float32 rounding.
-The hand loop draws minibatches as the kernels do (an epoch permutation, ``B`` indices per step).
+The hand loop draws the kernels' minibatches (their keyed epoch permutations, ``B`` indices per step).
 
 Each timing is repeated (``--repeats``, default 12, interleaving the variants). Both the CPU time of
 this process (``time.process_time``: robust when other jobs share the cores) and the wall time are

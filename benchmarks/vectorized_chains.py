@@ -20,8 +20,9 @@ Three ways to run the same 256 chains (same start, same step size, friction, tem
     ``harness.HandChains`` on ``models.digits_energy``: plain PyTorch. Per-chain minibatch gather
     ``x[idx]`` with ``idx`` of shape ``(256, 128)``, ``torch.bmm`` for both layers, log prior +
     N/B-scaled log-likelihood, one ``autograd.grad`` for all chains, the SGHMC update, per-chain noise
-    and per-chain epoch permutations from one ``torch.Generator`` per chain seeded exactly as the package seeds its
-    chains. It reproduces our trajectories to float round-off (checked at the start of the run),
+    from one ``torch.Generator`` per chain seeded exactly as the package seeds its chains, and the
+    package's minibatch streams (``epoch_orders``: per chain, the keyed permutation of each epoch,
+    whole). It reproduces our trajectories to float round-off (checked at the start of the run),
     so both sides really do the same work.
 ``one-by-one``
     The same kernel, one chain at a time: (a) ``pyro.infer.MCMC(SGHMC(model), num_chains=1)``

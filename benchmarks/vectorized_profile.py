@@ -168,10 +168,10 @@ def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat:
     del drift
     with pyro.validation_enabled(False):
         out = harness.interleaved_best_ms(pieces, number, repeat)
-        out["ours: minibatch indices (amortised over an epoch, incl. 256 randperm)"] = (
+        out["ours: minibatch indices (amortised over an epoch, keyed permutations)"] = (
             harness.best_ms(minibatch_epoch, 1, repeat) / steps_per_epoch
         )
-        out["hand: minibatch indices (amortised over an epoch, incl. 256 randperm)"] = (
+        out["hand: minibatch indices (amortised over an epoch, epoch_orders)"] = (
             harness.best_ms(hand_epoch, 1, repeat) / steps_per_epoch
         )
     return out
@@ -216,7 +216,7 @@ def profile_python(x, y, init: torch.Tensor, seed: int, num_steps: int) -> dict:
     wanted = {
         ("base.py", "step"): "SGMCMCKernel.step (everything)",
         ("streams.py", "fill_normal"): "ChainGenerators.fill_normal (per-chain noise loop)",
-        ("minibatch.py", "next"): "MinibatchSampler.next (indices + epoch permutations)",
+        ("minibatch.py", "next"): "MinibatchSampler.next (indices of the keyed permutations)",
         ("diffusions.py", "underdamped_step"): "underdamped_step (SGHMC update)",
         ("potential.py", "batched_potential_and_grad"): "batched_potential_and_grad (model, vmap, autograd)",
         ("potential.py", "log_density"): "log_density (trace the model + log_prob_sum), forward",
