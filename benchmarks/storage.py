@@ -141,7 +141,9 @@ def measure_checkpoint(steps: int, chains: int, every: int) -> dict:
             if name == "checkpointed":
                 directory = path.with_name(path.name + ".draws")
                 files = list(directory.iterdir()) if directory.is_dir() else []  # (before #20: one file)
+                # blob-*: the permutation tables of checkpoint format 2 (an older package); none since format 3
                 chunks = [p for p in files if not p.name.startswith("blob-")]
+                out["table_files"] = len(files) - len(chunks)
                 out["index_bytes"] = path.stat().st_size
                 out["chunk_bytes"] = sum(p.stat().st_size for p in chunks)
                 out["num_chunks"] = len(chunks)
