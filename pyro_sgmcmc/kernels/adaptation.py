@@ -19,6 +19,8 @@ import torch
 
 from .auto_control_variate import AutoControlVariate
 from .control_variates import ControlVariate
+from .creep import describe as describe_drift
+from .creep import drift_offsets
 from .curvature_probes import CurvatureProbes
 from .preconditioning import DENSE_MAX_DIM, MassMatrixAdaptation
 from .state import SGMCMCState, SlowMixingWarning
@@ -187,14 +189,20 @@ class WarmupDriver:
         relaxation = 2.0 / (per_chain * damping) if damping else 1.0 / per_chain
         limit = SLOW_MIXING_FRACTION * self.adaptation.warmup_steps
         slow = (relaxation > limit).nonzero().flatten().tolist()
-        if slow:
+        drift = drift_offsets(self.adaptation, relaxation.expand(kernel.state.position.shape[0]))
+        drifting = drift is not None and bool(drift[1].any())
+        if slow or drifting:
             worst = float(relaxation.max())
+            found = (
+                f"the adapted step size of chain(s) {slow[:8]} is at most {float(per_chain.min()):.3g}, so a chain "
+                f"needs about {worst:.3g} steps to forget its state, more than {SLOW_MIXING_FRACTION:g} of the "
+                f"{self.adaptation.warmup_steps} adaptation steps"
+                if slow
+                else describe_drift(*drift)
+            )
             warnings.warn(
-                f"{type(kernel).__name__}: the adapted step size of chain(s) {slow[:8]} is at most "
-                f"{float(per_chain.min()):.3g}, so a chain needs about {worst:.3g} steps to forget its state, more "
-                f"than {SLOW_MIXING_FRACTION:g} of the {self.adaptation.warmup_steps} adaptation steps: it has "
-                f"probably not reached the posterior and will mix slowly. Usually the minibatch gradient noise "
-                f"limits the step: {self._slow_mixing_advice()}",
+                f"{type(kernel).__name__}: {found}: it has probably not reached the posterior and will mix slowly. "
+                f"Usually the minibatch gradient noise limits the step: {self._slow_mixing_advice()}",
                 SlowMixingWarning,
                 stacklevel=4,
             )

@@ -277,7 +277,7 @@ class MassMatrixAdaptation:
             self.hessian_sum = hessian if self.hessian_sum is None else self.hessian_sum + hessian
             self.count += 1
             curvature = self.hessian_sum / self.count
-            self._set_metric(position, curvature, spread=self._draw_covariance(), fisher=self._gradient_curvature())
+            self._set_metric(position, curvature, spread=self._draw_covariance(), fisher=self.gradient_curvature())
         return False
 
     def _record_draw(self, position: torch.Tensor, grad: torch.Tensor) -> None:
@@ -292,7 +292,7 @@ class MassMatrixAdaptation:
             self.grad_outer, self.grad_sum = self.grad_outer + grad_outer, self.grad_sum + grad
         self.draw_count += 1
 
-    def _gradient_curvature(self) -> Optional[torch.Tensor]:
+    def gradient_curvature(self) -> Optional[torch.Tensor]:
         """The curvature seen by the gradients, :math:`(\\mathrm{Cov}_t[\\hat g] - \\mathrm{Cov}(\\hat g)) / (N T)`,
         over the slow-phase draws: under the (tempered) posterior :math:`E_\\pi[\\nabla U \\nabla U^\\top] =
         T\\, E_\\pi[\\nabla^2 U]` (integration by parts), and the minibatch noise covariance is subtracted. Unlike
