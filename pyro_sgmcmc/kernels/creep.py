@@ -10,7 +10,8 @@ the minibatch noise (fresh minibatches: independent from step to step) plus the 
 (:math:`\\mathrm{Var}_\\pi(\\partial_i U) = T N \\bar H_{ii}` by integration by parts,
 :math:`\\bar H = \\nabla^2 U / N`, over an integrated autocorrelation time of about :math:`2\\tau` steps,
 :math:`\\tau` the relaxation time). The curvature is the probed Hessian's, not the one the gradients see: a drift
-inflates the gradients' spread over the slow phase and would hide itself. A chain that still creeps towards the posterior has a systematic :math:`\\bar g`: in a locally Gaussian posterior
+inflates the gradients' spread over the slow phase and would hide itself. A chain that still creeps towards
+the posterior has a systematic :math:`\\bar g`: in a locally Gaussian posterior
 :math:`\\nabla U \\approx \\bar H N (\\theta - \\theta^*)`, so its offset in posterior standard deviations is
 
 .. math:: \\delta_i = \\bar g_i \\sqrt{T / (N \\bar H_{ii})}.
