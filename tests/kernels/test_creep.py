@@ -36,12 +36,13 @@ def _run(model, seed: int, **options):
     return mcmc.get_samples()["mu"], messages
 
 
-@pytest.mark.parametrize("seed", [2, 3, 4])
+@pytest.mark.parametrize("seed", [1, 7])
 def test_a_chain_left_far_off_says_so(seed):
-    """N = 10,000 read 10 at a time without a control variate: at these seeds the chain ends 4-15 posterior sds
-    off (measured) with an adapted step the slow-mixing check alone does not flag. The drift test must: the mean
-    gradient of a chain k sds off is k sqrt(N) / sigma, against a sampling error of about sqrt(N) B^-1/2 N / sqrt(n)
-    over n ~ 600 slow-phase steps, i.e. several standard errors for k >= 4."""
+    """N = 10,000 read 10 at a time without a control variate: at seeds 0-7 every run ends 0.5-20 posterior
+    sds off (measured); at these two (8.6 and 2.4 sds off) the step-size check alone gave no warning. The drift
+    test must: the mean gradient of a chain k sds off is about k sqrt(N) / sigma, against a sampling error of
+    about (N / sqrt(B)) / sqrt(n) over n ~ 600 slow-phase steps, about 1 sqrt(N) here: a drift of a few sds
+    over the slow phase is several standard errors."""
     model, mean, sd = _gaussian_mean(10_000, 10)
     draws, messages = _run(model, seed, control_variate=None)
     off = abs(float(draws.mean()) - mean) / sd
