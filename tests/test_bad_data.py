@@ -80,11 +80,11 @@ def test_masked_non_finite_observations_are_accepted():
 
 def test_the_data_check_runs_once_at_set_up_not_per_step(monkeypatch):
     """The check is one isfinite pass over each argument, at set-up: counted, it runs once per run."""
-    import pyro_sgmcmc.model.potential as potential
+    import pyro_sgmcmc.model.checks as checks
 
     calls = []
-    original = potential._nonfinite_arguments
-    monkeypatch.setattr(potential, "_nonfinite_arguments", lambda *a: calls.append(1) or original(*a))
+    original = checks.nonfinite_arguments
+    monkeypatch.setattr(checks, "nonfinite_arguments", lambda *a: calls.append(1) or original(*a))
     run(regression, *data(), steps=20)
     assert len(calls) == 1
 

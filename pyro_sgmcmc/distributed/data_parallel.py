@@ -107,9 +107,9 @@ class DataParallelPotential:
         """The rank's sites whose log-density is not finite (as :meth:`ModelPotential.nonfinite_log_densities`)."""
         return self.inner.nonfinite_log_densities(*args, **kwargs)
 
-    def initial_position(self, initial_params=None, max_tries: int = 100) -> torch.Tensor:
+    def initial_position(self, initial_params=None, max_tries: int = 100, fresh: bool = False) -> torch.Tensor:
         """A starting point as :class:`~pyro_sgmcmc.ModelPotential` draws it: rank 0's, on every rank."""
-        position = self.inner.initial_position(initial_params, max_tries)
+        position = self.inner.initial_position(initial_params, max_tries, fresh)
         if initial_params is None:  # drawn: take rank 0's (given ones are compared at the first step)
             dist.broadcast(position, src=0, group=self.group)
         return position

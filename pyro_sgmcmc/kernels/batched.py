@@ -151,7 +151,6 @@ class BatchedChains:
         self.noise_temperature = self.temperature / potential.num_data
         self._inverse_num_data = 1.0 / potential.num_data
         self.generators = ChainGenerators(seed, range(num_chains) if chain_ids is None else chain_ids, potential.device)
-        seed = self.generators.seed  # drawn from the global generator when None: the starts below then use it too
         if len(self.generators) != num_chains:
             raise ValueError(f"chain_ids has {len(self.generators)} entries for num_chains={num_chains}")
         self.minibatches = MinibatchSampler(potential.subsample_plates, self.generators)

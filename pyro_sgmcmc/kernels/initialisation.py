@@ -84,15 +84,11 @@ def initial_positions(
                 potential.initial_position(potential.unpack(position))  # checks finiteness, names the problem
         return positions
     superchains = list(range(num_superchains)) if superchains is None else list(superchains)
-    if seed is not None:
-        # The potential may hold the values of the trace that built it, which its first draw would return:
-        # drawn before this seed was known. A throwaway draw uses them up, so every start below is a fresh draw.
-        with preserved_global_rng(potential.device):
-            potential.initial_position()
     starts = []
     for superchain in superchains:
         with seeded_global_rng(seed, superchain, potential.device):
-            starts.append(potential.initial_position())
+            # seeded: not the build trace's values, which were drawn before the seed was set
+            starts.append(potential.initial_position(fresh=seed is not None))
     return torch.stack(starts).repeat_interleave(repeats, 0)
 
 

@@ -24,7 +24,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
 
-from .checks import nonfinite_arguments as _nonfinite_arguments  # looked up here at each call (tests count it)
+from . import checks
 from .checks import nonfinite_observations, nonfinite_sites, parameter_names
 from .compiled import JitMode, Vectorized, check_jit_compile, compile_potential, value_and_grad
 from .layout import Layout
@@ -294,15 +294,22 @@ class ModelPotential:
         self,
         initial_params: Optional[Mapping[str, torch.Tensor]] = None,
         max_tries: int = 100,
+        fresh: bool = False,
     ) -> torch.Tensor:
         """A starting position: ``initial_params`` (unconstrained, Pyro's convention) if given,
-        else a draw from ``init_strategy`` with finite potential and gradient (up to ``max_tries`` draws)."""
+        else a draw from ``init_strategy`` with finite potential and gradient (up to ``max_tries`` draws).
+
+        The first draw reuses the values of the trace that built the potential (one model run saved), unless
+        ``fresh``: then those are dropped and the point is drawn now, under the caller's random state (a seeded
+        start must not return values drawn before its seed was set)."""
         if initial_params is not None:
             position = self.pack(initial_params)
             potential, grad = self.potential_and_grad(position, self._check_indices())
             if not (torch.isfinite(potential) and torch.isfinite(grad).all()):
                 raise ValueError("initial_params give a non-finite potential energy or gradient")
             return position
+        if fresh:
+            self._prototype_values = None
         values = self._prototype_values
         for _ in range(max_tries):
             indices = self._check_indices()
@@ -344,7 +351,8 @@ def _check_finite_data(potential: ModelPotential, values: Mapping[str, torch.Ten
     values or log-densities they make non-finite; non-finite values the model never uses, or masks,
     are accepted.
     """
-    arguments = _nonfinite_arguments(potential.model_args, potential.model_kwargs, parameter_names(potential.model))
+    names = parameter_names(potential.model)
+    arguments = checks.nonfinite_arguments(potential.model_args, potential.model_kwargs, names)
     if not arguments:
         return
     problems = nonfinite_observations(potential, dict(values))

@@ -47,7 +47,7 @@ class SequentialRun:
             self.seed = int(torch.randint(0, 2**62, ()))
         chains = self.chains
         starts = starting_points(
-            self.kernel, chains.initial_params, chains.num_chains, chains.num_superchains, self.seed
+            self.kernel, chains.initial_params, chains.num_chains, chains.num_superchains, chains.seed
         )
         ids = range(chains.num_chains) if chains.chain_ids is None else chains.chain_ids
         results: List[RunResult] = []
