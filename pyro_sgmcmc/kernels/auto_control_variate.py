@@ -6,7 +6,8 @@ iterations on the full data take the approach's best point (a few full-data pass
 buffer it is measured (:meth:`AutoControlVariate.decide`) and kept if it divides the largest per-coordinate
 gradient variance by more than ``1 / CONTROL_VARIATE_GAIN`` for the median chain: the noise-limited step grows in
 proportion, and a step with it costs two minibatch evaluations. (Far from its centre, in a posterior that is not
-concentrated, such as a small network's, it is *noisier* than plain minibatches.)
+concentrated, such as a small network's, it is *noisier* than plain minibatches.) Every ratio is measured on paired
+minibatches with its error, on more minibatches while the decision is unclear (:class:`_PairedMeasurement`).
 """
 
 from __future__ import annotations
@@ -76,14 +77,16 @@ class AutoControlVariate:
 
         A preliminary candidate is measured first. If its ratio is between ``CONTROL_VARIATE_GAIN`` and 1, its
         centre moves on towards the full-data MAP in stages of twice as many iterations (10, 20, 40, 80), each
-        measured again, while each lowers the ratio by more than 10 %. For a concentrated posterior the variance
-        at a chain's point ``z`` grows as ``|z - c|^2``, which on average over the chains is smallest at the
-        mode, so the stages lower it; for a posterior that is not concentrated (a network's), the mode can be far
-        from where the chains are and moving towards it makes the control variate worse: the search stops there
-        instead of spending hundreds of full-data passes. A candidate below ``CONTROL_VARIATE_GAIN`` is then
-        centred at the mode (L-BFGS to within ``CENTRE_TOLERANCE`` of the chains' ``T d / 2`` nats) and measured
-        again: kept if still below (and reused by later sequential chains on the same data); a mode far from
-        where the chains are (a network's) is rejected there.
+        measured again, while each lowers the ratio by more than 10 % plus twice the error of that (paired)
+        change, and while the ratio is not below ``CONTROL_VARIATE_GAIN`` by more than twice its error. For a
+        concentrated posterior the variance at a chain's point ``z`` grows as ``|z - c|^2``, which on average
+        over the chains is smallest at the mode, so the stages lower it; for a posterior that is not
+        concentrated (a network's), the mode can be far from where the chains are and moving towards it makes
+        the control variate worse: the search stops there instead of spending hundreds of full-data passes. A
+        candidate below ``CONTROL_VARIATE_GAIN`` by more than twice its error (a close call is not worth the
+        search: rejected) is then centred at the mode (L-BFGS to within ``CENTRE_TOLERANCE`` of the chains'
+        ``T d / 2`` nats) and measured again: kept if still below (and reused by later sequential chains on the
+        same data); a mode far from where the chains are (a network's) is rejected there.
         """
         candidate, self.candidate = self.candidate, None
         measure = _PairedMeasurement(potential, position, minibatches)
