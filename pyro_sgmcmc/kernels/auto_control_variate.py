@@ -6,13 +6,14 @@ iterations on the full data take the approach's best point (a few full-data pass
 buffer it is measured (:meth:`AutoControlVariate.decide`) and kept if it divides the largest per-coordinate
 gradient variance by more than ``1 / CONTROL_VARIATE_GAIN`` for the median chain: the noise-limited step grows in
 proportion, and a step with it costs two minibatch evaluations. (Far from its centre, in a posterior that is not
-concentrated, such as a small network's, it is *noisier* than plain minibatches.)
+concentrated, such as a small network's, it is *noisier* than plain minibatches.) Every ratio is measured on paired
+minibatches with its error, on more minibatches while the decision is unclear (:class:`_PairedMeasurement`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -23,8 +24,11 @@ from .warmup import (
     AUTO_MAP_ITERATIONS,
     CENTRE_TOLERANCE,
     CONTROL_VARIATE_GAIN,
+    MAX_MINIBATCHES,
+    NOISE_MINIBATCHES,
+    NOISE_Z,
     PRELIMINARY_MAP_ITERATIONS,
-    gradient_variance,
+    STAGE_IMPROVEMENT,
 )
 
 __all__ = ["AutoControlVariate"]
@@ -73,28 +77,29 @@ class AutoControlVariate:
 
         A preliminary candidate is measured first. If its ratio is between ``CONTROL_VARIATE_GAIN`` and 1, its
         centre moves on towards the full-data MAP in stages of twice as many iterations (10, 20, 40, 80), each
-        measured again, while each lowers the ratio by more than 10 %. For a concentrated posterior the variance
-        at a chain's point ``z`` grows as ``|z - c|^2``, which on average over the chains is smallest at the
-        mode, so the stages lower it; for a posterior that is not concentrated (a network's), the mode can be far
-        from where the chains are and moving towards it makes the control variate worse: the search stops there
-        instead of spending hundreds of full-data passes. A candidate below ``CONTROL_VARIATE_GAIN`` is then
-        centred at the mode (L-BFGS to within ``CENTRE_TOLERANCE`` of the chains' ``T d / 2`` nats) and measured
-        again: kept if still below (and reused by later sequential chains on the same data); a mode far from
-        where the chains are (a network's) is rejected there.
+        measured again, while each lowers the ratio by more than 10 % plus twice the error of that (paired)
+        change, and while the ratio is not below ``CONTROL_VARIATE_GAIN`` by more than twice its error. For a
+        concentrated posterior the variance at a chain's point ``z`` grows as ``|z - c|^2``, which on average
+        over the chains is smallest at the mode, so the stages lower it; for a posterior that is not
+        concentrated (a network's), the mode can be far from where the chains are and moving towards it makes
+        the control variate worse: the search stops there instead of spending hundreds of full-data passes. A
+        candidate below ``CONTROL_VARIATE_GAIN`` by more than twice its error (a close call is not worth the
+        search: rejected) is then centred at the mode (L-BFGS to within ``CENTRE_TOLERANCE`` of the chains'
+        ``T d / 2`` nats) and measured again: kept if still below (and reused by later sequential chains on the
+        same data); a mode far from where the chains are (a network's) is rejected there.
         """
         candidate, self.candidate = self.candidate, None
-        plain = gradient_variance(MinibatchGradient(potential).potential_and_grad, position, minibatches).amax(-1)
-        plain = plain.clamp_min(torch.finfo(plain.dtype).tiny)
-
-        def ratio(control_variate: ControlVariate) -> float:
-            centred = gradient_variance(control_variate.potential_and_grad, position, minibatches).amax(-1)
-            return float((centred / plain).median())
-
-        best = ratio(candidate)
+        measure = _PairedMeasurement(potential, position, minibatches)
+        log_gain = math.log(CONTROL_VARIATE_GAIN)
+        best, error = measure.resolve(lambda: measure.log_ratio(candidate), log_gain, [candidate])
         if candidate is not self.refined:  # preliminary: does a centre nearer the MAP help?
             tolerance = CENTRE_TOLERANCE * temperature * position.shape[-1] / 2  # of the chains' T d / 2
             iterations = PRELIMINARY_MAP_ITERATIONS
-            while CONTROL_VARIATE_GAIN <= best < 1.0 and 2 * iterations <= AUTO_MAP_ITERATIONS:
+            if best >= log_gain:  # is it below 1 at all (else a stage cannot help)?
+                best, error = measure.resolve(lambda: measure.log_ratio(candidate), 0.0, [candidate])
+            # stages while the ratio is not below the gain by more than its error: a full MAP search (hundreds
+            # of full-data passes for a network) is paid only for a candidate that clearly helps
+            while not best + NOISE_Z * error < log_gain and best < 0.0 and 2 * iterations <= AUTO_MAP_ITERATIONS:
                 iterations *= 2
                 try:
                     moved = ControlVariate(
@@ -103,20 +108,30 @@ class AutoControlVariate:
                     )  # fmt: skip
                 except ValueError:
                     break
-                measured = ratio(moved)
-                improved = measured < 0.9 * best
-                if measured < best:
-                    candidate, best = moved, measured
+                # paired: both centres on the same minibatches, so the noise common to both cancels
+                change, noise = measure.resolve(
+                    lambda: measure.log_ratio(moved, candidate), STAGE_IMPROVEMENT, [candidate, moved]
+                )
+                improved = change + NOISE_Z * noise < STAGE_IMPROVEMENT  # by more than 10 % and its noise
+                if change < 0.0:
+                    measure.forget(candidate)
+                    candidate = moved
+                    best, error = measure.resolve(lambda: measure.log_ratio(candidate), log_gain, [candidate])
+                else:
+                    measure.forget(moved)
                 if not improved:
                     break
-            if best < CONTROL_VARIATE_GAIN:  # centred at the mode (up to the tolerance), and measured there
+            if best + NOISE_Z * error < log_gain:  # centred at the mode (up to the tolerance), measured there
+                measure.forget(candidate)
                 try:
                     candidate = ControlVariate(potential, "map", candidate.centre, potential_tolerance=tolerance)
                 except ValueError:
                     best = math.inf
-                else:
-                    best = ratio(candidate)  # a mode far from where the chains are is rejected here
-        if not best < CONTROL_VARIATE_GAIN:
+                else:  # a mode far from where the chains are is rejected here
+                    best, _ = measure.resolve(lambda: measure.log_ratio(candidate), log_gain, [candidate])
+            else:
+                best = math.inf  # not below the gain by more than its error: a close call, not worth a search
+        if not best < log_gain:
             self.rejected = True
             return None
         self.refined = candidate  # sequential chains on the same data reuse it
@@ -136,3 +151,81 @@ class AutoControlVariate:
             if saved["control_variate_candidate_refined"]:
                 self.refined = candidate
             self.candidate = candidate
+
+
+class _PairedMeasurement:
+    """The gradient-noise ratios of :meth:`AutoControlVariate.decide`, measured on one shared pool of minibatches.
+
+    Why. The decision compares variances estimated from a few minibatches: with 8, a variance has a relative
+    error near ``sqrt(2 / 7) = 0.53`` (more for the heavy-tailed per-datum gradients of raw covariates), so a
+    ratio of two independent estimates often errs by a factor of 2 to 3, against thresholds of 0.4 (keep) and
+    10 % (a stage goes on). Two remedies, both here:
+
+    * paired minibatches: the plain gradient and every candidate's control-variate gradient are measured on the
+      *same* minibatches (the pool), so a ratio's two estimates share their sampling noise, and two centres
+      compared in a stage share nearly all of it (their difference is what is measured);
+    * an error computed and compared: each statistic (a log ratio, the median over the chains of the largest
+      per-coordinate variance's log) comes with its jackknife standard error over the pool's minibatches.
+      :meth:`resolve` doubles the pool (8, 16, 32, 64 minibatches) while the statistic is within ``NOISE_Z``
+      errors of its threshold; at ``MAX_MINIBATCHES`` the point estimate decides (a close call either way).
+
+    Cost. A clear case (most) costs 8 plain and 8 centre evaluations per candidate; the pool grows only for an
+    unclear one, at most ``MAX_MINIBATCHES`` evaluations per candidate (6.4 full-data passes at ``N = 10 B``,
+    the smallest epoch ``"auto"`` measures). The centre's gradients are evaluated alone (not the control
+    variate's two-call estimate: the plain gradients at the chains' points are already in the pool).
+    """
+
+    def __init__(self, potential, position: torch.Tensor, minibatches) -> None:
+        self.evaluate = MinibatchGradient(potential).potential_and_grad
+        self.position, self.minibatches = position, minibatches
+        self.indices: list = []
+        self.plain: list = []  # (C, D) plain gradient at the chains' points, one per minibatch of the pool
+        self.centres: dict = {}  # control variate -> (C, D) minibatch gradients at its centre, one per minibatch
+
+    def extend(self, count: int, candidates) -> None:
+        """The pool to ``count`` minibatches, with the plain and each candidate's centre gradients on all."""
+        while len(self.indices) < count:
+            self.indices.append(self.minibatches.next())
+            self.plain.append(self.evaluate(self.position, self.indices[-1])[1])
+        for candidate in candidates:
+            done = self.centres.setdefault(candidate, [])
+            rows = candidate.centre.expand_as(self.position).contiguous()
+            done.extend(self.evaluate(rows, index)[1] for index in self.indices[len(done) :])
+
+    def forget(self, candidate) -> None:
+        self.centres.pop(candidate, None)
+
+    def log_variance(self, candidate=None):
+        """``(C,)`` log of the largest per-coordinate variance and its ``(K, C)`` leave-one-out values."""
+        samples = torch.stack(self.plain)
+        if candidate is not None:  # the control variate's gradient, up to its constant centre_grad
+            samples = samples - torch.stack(self.centres[candidate])
+        samples = samples.to(torch.float64)
+        samples = torch.where(torch.isfinite(samples), samples, torch.zeros_like(samples))
+        k = samples.shape[0]
+        worst = samples.var(0).argmax(-1)  # (C,) the noisiest coordinate of each chain (kept fixed)
+        x = samples.gather(-1, worst.expand(k, -1).unsqueeze(-1)).squeeze(-1)  # (K, C)
+        x = x - x.mean(0)
+        s1, s2 = x.sum(0), (x * x).sum(0)
+        leave_one_out = (s2 - x * x - (s1 - x) ** 2 / (k - 1)) / (k - 2)
+        tiny = torch.finfo(torch.float64).tiny
+        return (s2 / (k - 1)).clamp_min(tiny).log(), leave_one_out.clamp_min(tiny).log()
+
+    def log_ratio(self, candidate, reference=None):
+        """Median over the chains of log(candidate's variance / reference's): plain minibatches by default."""
+        top, top_loo = self.log_variance(candidate)
+        bottom, bottom_loo = self.log_variance(reference)
+        return float((top - bottom).median()), (top_loo - bottom_loo).median(-1).values
+
+    def resolve(self, statistic, threshold: float, candidates) -> Tuple[float, float]:
+        """``statistic()`` (value, leave-one-out values) and its jackknife error, measured on more minibatches
+        while it is within ``NOISE_Z`` errors of ``threshold``."""
+        self.extend(NOISE_MINIBATCHES, candidates)
+        while True:
+            value, leave_one_out = statistic()
+            k = leave_one_out.shape[0]
+            error = float(((k - 1) / k * ((leave_one_out - leave_one_out.mean()) ** 2).sum()).sqrt())
+            if not math.isfinite(value) or abs(value - threshold) > NOISE_Z * error or k >= MAX_MINIBATCHES:
+                return value, error
+            self.extend(min(2 * k, MAX_MINIBATCHES), candidates)
+

@@ -53,6 +53,7 @@ least :data:`MIN_JUMP_STEPS` warmup steps); the finiteness check always.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -61,6 +62,9 @@ __all__ = [
     "APPROACH_FRACTION",
     "AUTO_CONTROL_VARIATE_EPOCH",
     "CONTROL_VARIATE_GAIN",
+    "MAX_MINIBATCHES",
+    "NOISE_Z",
+    "STAGE_IMPROVEMENT",
     "PRELIMINARY_MAP_ITERATIONS",
     "AUTO_MAP_ITERATIONS",
     "CENTRE_TOLERANCE",
@@ -103,6 +107,12 @@ AUTO_MAP_ITERATIONS = 80
 CENTRE_TOLERANCE = 0.05
 #: Minibatches per measurement of the gradient noise (warmup only).
 NOISE_MINIBATCHES = 8
+#: ``control_variate="auto"`` measures its ratios on a shared pool of minibatches, doubled from
+#: ``NOISE_MINIBATCHES`` up to this many while a ratio is within ``NOISE_Z`` jackknife errors of its threshold ...
+MAX_MINIBATCHES = 64
+NOISE_Z = 2.0
+#: ... and a stage of the MAP search goes on if it lowers the log ratio by more than this (10 %).
+STAGE_IMPROVEMENT = math.log(0.9)
 #: A warning is given when a chain's relaxation time (in steps) under its adapted step exceeds this fraction
 #: of the adaptation phase (``WarmupDriver``, at the end of warmup).
 SLOW_MIXING_FRACTION = 0.2
