@@ -20,7 +20,7 @@ from .kernels import (
     SGMCMCState,
     SlowMixingWarning,
 )
-from .mcmc import MCMC, PartialRun, PartialRunWarning, RunNotFinished
+from .mcmc import MCMC, CheckpointSettings, PartialRun, PartialRunWarning, RunNotFinished
 from .model.potential import ModelError, ModelPotential
 from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
 
@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 # grouped by room: the run, its diagnostics and export; the kernels; the model; the guides; the rest
 __all__ = [
-    "MCMC", "PartialRun", "PartialRunWarning", "RunNotFinished",
+    "MCMC", "CheckpointSettings", "PartialRun", "PartialRunWarning", "RunNotFinished",
     "to_inference_data", "nested_rhat", "nested_rhat_threshold", "decompose_uncertainty", "UncertaintyDecomposition",
     "SGLD", "SGHMC", "SGNHT", "SGMCMCKernel", "SGMCMCState", "DivergenceError", "DivergenceWarning",
     "SlowMixingWarning",

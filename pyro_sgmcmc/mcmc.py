@@ -17,7 +17,6 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Union
 
 import pyro
@@ -29,21 +28,26 @@ from pyro.util import optional
 from .diagnostics.summary import diagnostics as _site_diagnostics
 from .diagnostics.summary import print_summary
 from .kernels.base import SGMCMCKernel
-from .run import ChainRun, Chains, CheckpointSettings, RunLength, RunResult
+from .run import ChainRun, Chains, RunLength, RunResult
+from .run.checkpoint_settings import (
+    CheckpointSettings,
+    accepts_deprecated_checkpoint_keywords,
+    as_checkpoint_settings,
+    deprecated_checkpoint_attribute,
+)
 from .run.checks import (
     check_chain_ids,
     check_chains,
-    check_checkpoint_path,
     check_non_negative_int,
     check_positive_int,
 )
 from .run.partial import PartialRun, PartialRunWarning, RunNotFinished
 from .run.sequential import SequentialRun
 
-__all__ = ["MCMC", "PartialRun", "PartialRunWarning", "RunNotFinished"]
+__all__ = ["MCMC", "CheckpointSettings", "PartialRun", "PartialRunWarning", "RunNotFinished"]
 
 CHAIN_METHODS = ("parallel", "sequential", "vectorized")
-_OWN_OPTIONS = "num_superchains, thinning, keep_last, seed, checkpoint_path and chain_ids"
+_OWN_OPTIONS = "num_superchains, thinning, keep_last, seed, checkpoint and chain_ids"
 
 
 class MCMC(pyro.infer.MCMC):
@@ -69,7 +73,7 @@ disable_validation, transforms, save_params :
         after another in this process, each as a one-chain vectorised run: chain ``c`` has the
         starting point, noise and minibatches it has in a ``"vectorized"`` run with the same
         ``seed`` (so the same draws, up to the rounding of batched arithmetic), at the memory of
-        one chain; it takes every option of ``"vectorized"`` but ``checkpoint_path``.
+        one chain; it takes every option of ``"vectorized"`` but ``checkpoint``.
         ``"default"`` is the deprecated spelling of ``"parallel"`` (a :class:`FutureWarning`; it
         goes in the next release).
     num_superchains : int, optional
@@ -85,27 +89,14 @@ disable_validation, transforms, save_params :
     seed : int, optional
         Seed of the per-chain random streams (chain ``c`` uses a stream determined by ``(seed, c)``
         only). Default: drawn from torch's global generator, so ``pyro.set_rng_seed`` applies.
-    checkpoint_path : str or path, optional
-        Write the run's complete state (positions, momenta, thermostats, step counter, every
-        chain's random-generator state and minibatch cursor, divergence records) to this file
-        every ``checkpoint_every`` steps, atomically, and the draws kept since the previous write
-        to a new chunk file in ``<checkpoint_path>.draws/`` (a write costs O(k), see
-        :mod:`pyro_sgmcmc.checkpoint`). If the file exists when :meth:`run` starts (an interrupted
-        run with the same settings) and ``resume`` is true, the run continues from it and its draws
-        are bit-identical to those of an uninterrupted run; a file from a run with other settings,
-        or one that is damaged or edited, raises :class:`~pyro_sgmcmc.checkpoint.CheckpointMismatch`
-        naming what differs. Files are read with ``torch.load(weights_only=True)``. The final
-        checkpoint is kept.
-    checkpoint_every : int, optional
-        Steps between checkpoints (a process killed at any moment loses at most this many steps).
-        Default 1,000 when ``checkpoint_path`` is given.
-    resume : bool
-        Continue from an existing checkpoint (default) or start afresh and overwrite it.
-    checkpoint_sync : bool
-        ``fsync`` each checkpoint file before it replaces the previous one (default), so that it
-        survives a power failure or an operating-system crash too. ``False`` skips it: a write then
-        costs no disk latency (about 7 ms per file here) and is still atomic for a process that is
-        killed, but not for a machine that stops.
+    checkpoint : str, os.PathLike or CheckpointSettings, optional
+        Make the run resumable (``chain_method="vectorized"`` only): write its complete state to a
+        file, atomically, every ``every`` steps and at the end, and resume from that file when
+        :meth:`run` starts and finds it (an interrupted run with the same settings), bit-identically.
+        A path ``p`` is short for ``CheckpointSettings(p)``: every 1,000 steps, resume, ``fsync`` each
+        write; :class:`CheckpointSettings` explains each field and its other values. The previous release's keywords
+        ``checkpoint_path``, ``checkpoint_every``, ``resume`` and ``checkpoint_sync`` still work in this
+        release, with a :class:`FutureWarning` (and so do the attributes of those names).
     chain_ids : sequence of int, optional
         Global ids of these chains (chain ``c`` draws from the stream of ``(seed, chain_ids[c])``);
         default ``range(num_chains)``. A slice of a larger run gives exactly that run's draws for
@@ -141,6 +132,7 @@ disable_validation, transforms, save_params :
     True
     """
 
+    @accepts_deprecated_checkpoint_keywords
     def __init__(
         self,
         kernel,
@@ -160,18 +152,15 @@ disable_validation, transforms, save_params :
         thinning: int = 1,
         keep_last: Optional[int] = None,
         seed: Optional[int] = None,
-        checkpoint_path: Optional[Union[str, os.PathLike]] = None,
-        checkpoint_every: Optional[int] = None,
-        resume: bool = True,
+        checkpoint: Union[str, os.PathLike, CheckpointSettings, None] = None,
         chain_ids: Optional[Sequence[int]] = None,
-        checkpoint_sync: bool = True,
     ) -> None:
         chain_method = _chain_method(chain_method)
         if warmup_steps is not None:
             check_non_negative_int(warmup_steps, "warmup_steps")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
             raise ValueError(f"seed must be None or a non-negative integer; got {seed!r}")
-        check_checkpoint_path(checkpoint_path)
+        checkpoint = as_checkpoint_settings(checkpoint)
         check_positive_int(num_samples, "num_samples")
         check_chains(num_chains, num_superchains)
         check_positive_int(thinning, "thinning")
@@ -185,19 +174,10 @@ disable_validation, transforms, save_params :
         self.sample_stats: Dict[str, torch.Tensor] = {}
         self.partial: Optional[PartialRun] = None
         self.superchain_ids = torch.arange(num_chains) // (num_chains // self.num_superchains)
-        if checkpoint_every is not None:
-            check_positive_int(checkpoint_every, "checkpoint_every")
-            if checkpoint_path is None:
-                raise ValueError("checkpoint_every needs checkpoint_path")
-        self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
-        self.checkpoint_every = checkpoint_every or (1000 if checkpoint_path is not None else None)
-        self.resume = bool(resume)
-        if not isinstance(checkpoint_sync, bool):
-            raise TypeError(f"checkpoint_sync must be True or False; got {checkpoint_sync!r}")
-        self.checkpoint_sync = checkpoint_sync
+        self.checkpoint: Optional[CheckpointSettings] = checkpoint
         self.chain_ids = check_chain_ids(chain_ids, num_chains)
         if chain_method == "parallel":
-            own = (num_superchains, keep_last, seed, checkpoint_path, chain_ids)
+            own = (num_superchains, keep_last, seed, checkpoint, chain_ids)
             if thinning != 1 or any(value is not None for value in own):
                 raise ValueError(
                     f"{_OWN_OPTIONS} need chain_method='vectorized' or 'sequential' "
@@ -213,8 +193,8 @@ disable_validation, transforms, save_params :
                 f"chain_method={chain_method!r} needs a pyro_sgmcmc kernel (SGLD, SGHMC, SGNHT); "
                 f"got {type(kernel).__name__}"
             )
-        if chain_method == "sequential" and checkpoint_path is not None:
-            raise ValueError("checkpoint_path needs chain_method='vectorized' (a sequential run is not checkpointed)")
+        if chain_method == "sequential" and checkpoint is not None:
+            raise ValueError("checkpoint needs chain_method='vectorized' (a sequential run is not checkpointed)")
         # The parts of pyro.infer.MCMC's state that its methods (get_samples, summary, diagnostics) read.
         self.kernel = kernel
         self.num_chains = num_chains
@@ -268,11 +248,7 @@ disable_validation, transforms, save_params :
         return Chains(self.num_chains, self.num_superchains, self.seed, self.chain_ids, self.initial_params)
 
     def _run_vectorized(self, args: tuple, kwargs: dict) -> None:
-        checkpoint = None
-        if self.checkpoint_path is not None:
-            settings = (self.checkpoint_path, self.checkpoint_every, self.resume, self.checkpoint_sync)
-            checkpoint = CheckpointSettings(*settings)
-        run = self._chain_run(self._chains(), self.hook_fn, checkpoint)
+        run = self._chain_run(self._chains(), self.hook_fn, self.checkpoint)
         try:
             run.run(args, kwargs)
         finally:
@@ -328,6 +304,11 @@ disable_validation, transforms, save_params :
             raise RunNotFinished(f"{reader}(): no draws to read: call run(...) first")
         if partial is not None:
             warnings.warn(f"{reader}() reads a partial run: {partial.describe()}", PartialRunWarning, stacklevel=3)
+
+    checkpoint_path = deprecated_checkpoint_attribute("checkpoint_path")
+    checkpoint_every = deprecated_checkpoint_attribute("checkpoint_every")
+    resume = deprecated_checkpoint_attribute("resume")
+    checkpoint_sync = deprecated_checkpoint_attribute("checkpoint_sync")
 
     @property
     def total_steps(self) -> int:

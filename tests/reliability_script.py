@@ -12,7 +12,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_sgmcmc import MCMC, SGHMC
+from pyro_sgmcmc import MCMC, SGHMC, CheckpointSettings
 
 SETTINGS = dict(num_samples=60, warmup_steps=40, num_chains=6, num_superchains=3, chain_method="vectorized", seed=5)
 
@@ -38,8 +38,10 @@ def decaying_step(t):
 def run(checkpoint=None, every=None, hook=None, step_size=0.02):
     pyro.set_rng_seed(0)  # the init strategy draws from the global generator
     kernel = SGHMC(model, step_size=step_size, **({} if isinstance(step_size, float) else {"adapt_step_size": False}))
-    mcmc = MCMC(kernel, checkpoint_path=checkpoint, checkpoint_every=every, hook_fn=hook,
-                disable_progbar=True, **SETTINGS)  # fmt: skip
+    settings = (
+        None if checkpoint is None else CheckpointSettings(checkpoint, **({} if every is None else {"every": every}))
+    )
+    mcmc = MCMC(kernel, checkpoint=settings, hook_fn=hook, disable_progbar=True, **SETTINGS)
     mcmc.run(*data())
     return mcmc
 

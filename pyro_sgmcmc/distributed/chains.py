@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..mcmc import MCMC
+from ..run.checkpoint_settings import accepts_deprecated_checkpoint_keywords, as_checkpoint_settings
 from ..run.checks import check_chains
 from ..run.starts import model_potential, starting_points
 from .process import rank_and_size, rank_chain_ids
@@ -18,7 +21,7 @@ __all__ = ["DistributedMCMC"]
 #: The keyword arguments of :class:`pyro_sgmcmc.MCMC` that a distributed run takes as they are.
 _OPTIONS = {
     "hook_fn", "disable_progbar", "disable_validation", "transforms", "save_params", "thinning", "keep_last", "seed",
-    "checkpoint_path", "checkpoint_every", "resume", "checkpoint_sync",
+    "checkpoint",
 }  # fmt: skip
 
 
@@ -37,17 +40,19 @@ class DistributedMCMC(MCMC):
     Parameters
     ----------
     kernel, num_samples, warmup_steps, initial_params, num_chains, hook_fn, disable_progbar, \
-disable_validation, transforms, save_params, num_superchains, thinning, keep_last, seed, \
-checkpoint_path, checkpoint_every, resume, checkpoint_sync :
+disable_validation, transforms, save_params, num_superchains, thinning, keep_last, seed, checkpoint :
         As for :class:`pyro_sgmcmc.MCMC` (``chain_method`` is always ``"vectorized"``; the
         arguments after ``num_chains`` are keyword-only), with
         ``num_chains`` and ``num_superchains`` counting the chains of *all* ranks.
         ``seed`` defaults to one drawn on rank 0 and broadcast. ``hook_fn`` sees the rank's own
-        chains. ``checkpoint_path`` gets a ``.rank<r>`` suffix per rank.
+        chains. The checkpoint's path gets a ``.rank<r>`` suffix per rank. The previous
+        release's ``checkpoint_path``, ``checkpoint_every``, ``resume`` and ``checkpoint_sync`` still
+        work in this release, with a :class:`FutureWarning`.
     group : ProcessGroup, optional
         The process group (default: the default group).
     """
 
+    @accepts_deprecated_checkpoint_keywords
     def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1, *,
                  num_superchains: Optional[int] = None, group=None, **options: Any) -> None:  # fmt: skip
@@ -61,8 +66,10 @@ checkpoint_path, checkpoint_every, resume, checkpoint_sync :
         rank, world_size = rank_and_size(group)
         check_chains(num_chains, num_superchains)
         ids = rank_chain_ids(num_chains, world_size, rank)
-        if options.get("checkpoint_path") is not None:
-            options["checkpoint_path"] = f"{os.fspath(options['checkpoint_path'])}.rank{rank}"
+        checkpoint = as_checkpoint_settings(options.get("checkpoint"))
+        if checkpoint is not None:
+            ranked = Path(f"{os.fspath(checkpoint.path)}.rank{rank}")
+            options["checkpoint"] = dataclasses.replace(checkpoint, path=ranked)
         options["disable_progbar"] = options.get("disable_progbar", False) or rank != 0
         super().__init__(
             kernel, num_samples, warmup_steps, None, len(ids), chain_method="vectorized", chain_ids=list(ids), **options

@@ -31,16 +31,16 @@ def check_chains(num_chains: int, num_superchains: Optional[int]) -> None:
             raise ValueError(f"num_chains={num_chains} must be a multiple of num_superchains={num_superchains}")
 
 
-def check_checkpoint_path(path) -> None:
-    """``None``, or a file path whose directory exists."""
+def check_checkpoint_path(path, name: str = "checkpoint_path") -> None:
+    """``None``, or a file path whose directory exists (``name``: the argument, for the errors)."""
     if path is None:
         return
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise TypeError(f"checkpoint_path must be a file path (str or os.PathLike); got {path!r}")
+        raise TypeError(f"{name} must be a file path (str or os.PathLike); got {path!r}")
     if Path(path).is_dir():
-        raise ValueError(f"checkpoint_path {str(path)!r} is a directory; give a file path")
+        raise ValueError(f"{name} {str(path)!r} is a directory; give a file path")
     if not Path(path).parent.is_dir():
-        raise ValueError(f"checkpoint_path: the directory {str(Path(path).parent)!r} does not exist")
+        raise ValueError(f"{name}: the directory {str(Path(path).parent)!r} does not exist")
 
 
 def check_chain_ids(chain_ids, num_chains: int) -> Optional[list]:

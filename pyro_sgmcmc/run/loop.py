@@ -13,7 +13,6 @@ an interrupted one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
@@ -22,19 +21,11 @@ from ..checkpoint import CheckpointMismatch
 from ..draws import DrawStore
 from ..kernels.base import SGMCMCKernel
 from .checkpoint import RunCheckpoint, fingerprint, open_checkpoint
+from .checkpoint_settings import CheckpointSettings
 from .length import RunLength
 from .partial import PartialRun
 
 __all__ = ["ChainRun", "Chains", "CheckpointSettings", "RunResult"]
-
-
-class CheckpointSettings(NamedTuple):
-    """Where and how often a run writes its checkpoint (see :class:`pyro_sgmcmc.MCMC`)."""
-
-    path: Path
-    every: int
-    resume: bool = True
-    sync: bool = True
 
 
 @dataclass(frozen=True)

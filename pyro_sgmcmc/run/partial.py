@@ -41,11 +41,11 @@ class PartialRun(NamedTuple):
         """One sentence: where the run stopped, what is kept, how to continue."""
         if self.checkpoint_path is not None:
             resume = (
-                f"call run() again with the same settings and checkpoint_path={self.checkpoint_path!r} "
+                f"call run() again with the same settings and checkpoint={self.checkpoint_path!r} "
                 "to resume from its last checkpoint"
             )
         else:
-            resume = "run it again (pass checkpoint_path to be able to resume an interrupted run)"
+            resume = "run it again (pass checkpoint= to be able to resume an interrupted run)"
         return (
             f"the run stopped at step {self.steps_done} of {self.total_steps} ({self.error}) with "
             f"{self.num_draws} of {self.num_samples} draws per chain; {resume}"

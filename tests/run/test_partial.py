@@ -72,7 +72,7 @@ def test_every_reader_of_a_partial_run_warns_and_says_how_to_resume(tmp_path, ca
     path = tmp_path / "run.ckpt"
     mcmc = _interrupted(WARMUP + 20, checkpoint=path, every=10)
     for reader in (mcmc.get_samples, mcmc.diagnostics, mcmc.summary):
-        with pytest.warns(PartialRunWarning, match="checkpoint_path=.*resume"):
+        with pytest.warns(PartialRunWarning, match="checkpoint=.*resume"):
             reader()
     assert "PARTIAL RUN" in capsys.readouterr().out  # the summary table says so too
     with pytest.warns(PartialRunWarning):
@@ -85,7 +85,7 @@ def test_every_reader_of_a_partial_run_warns_and_says_how_to_resume(tmp_path, ca
 def test_a_run_stopped_in_warmup_has_no_draws_and_says_so(tmp_path):
     mcmc = _interrupted(5, checkpoint=tmp_path / "run.ckpt", every=2)
     for reader in (mcmc.get_samples, mcmc.diagnostics, mcmc.summary):
-        with pytest.raises(RunNotFinished, match="stopped at step 6 of 100 .*0 of 60 draws.*checkpoint_path"):
+        with pytest.raises(RunNotFinished, match="stopped at step 6 of 100 .*0 of 60 draws.*checkpoint="):
             reader()
     with pytest.raises(ValueError, match="none were kept: the run stopped at step 6"):
         to_inference_data(mcmc)
