@@ -58,9 +58,16 @@ def full_data_passes(monkeypatch):
     return calls
 
 
-def run(checkpoint=None, hook=None, **overrides):
+#: the control variate's settings: a MAP search, or a given centre (one full-data pass there) the chains start at
+CENTRES = {
+    "map": {"control_variate": "map"},
+    "dict": {"control_variate": {"w": torch.tensor([0.7, -1.2]), "sigma": torch.tensor(0.5)}, "init_to_centre": True},
+}
+
+
+def run(checkpoint=None, hook=None, centre="map", **overrides):
     pyro.set_rng_seed(0)
-    kernel = SGHMC(model, step_size=0.02, control_variate="map", init_strategy=counting_init)
+    kernel = SGHMC(model, step_size=0.02, init_strategy=counting_init, **CENTRES[centre])
     every = None if checkpoint is None else 10
     mcmc = MCMC(kernel, checkpoint_path=checkpoint, checkpoint_every=every, hook_fn=hook, disable_progbar=True,
                 **{**SETTINGS, **overrides})  # fmt: skip
@@ -68,13 +75,13 @@ def run(checkpoint=None, hook=None, **overrides):
     return mcmc
 
 
-def interrupted(path, step):
+def interrupted(path, step, centre="map"):
     def hook(kernel, params, stage, i):
         if kernel.state.step == step:
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        run(path, hook)
+        run(path, hook, centre)
 
 
 def trace_calls() -> int:
@@ -84,15 +91,15 @@ def trace_calls() -> int:
     return len(INIT_CALLS)
 
 
-@pytest.mark.parametrize("stop", [25, 57])  # in the warmup's adaptation, and in the sampling phase
-def test_a_resumed_run_draws_no_starting_points_and_searches_no_centre(tmp_path, full_data_passes, stop):
-    reference = run()
+@pytest.mark.parametrize("centre, stop", [("map", 25), ("map", 57), ("dict", 25)])  # 25: adaptation, 57: sampling
+def test_a_resumed_run_draws_no_starting_points_and_searches_no_centre(tmp_path, full_data_passes, centre, stop):
+    reference = run(centre=centre)
     assert len(full_data_passes) > 0  # the fresh run's MAP search and centre
-    interrupted(tmp_path / "run.ckpt", stop)
+    interrupted(tmp_path / "run.ckpt", stop, centre)
     traced = trace_calls()
     full_data_passes.clear()
     INIT_CALLS.clear()
-    resumed = run(tmp_path / "run.ckpt")
+    resumed = run(tmp_path / "run.ckpt", centre=centre)
     assert full_data_passes == []  # no MAP search, no full-data pass at the centre: restored
     assert len(INIT_CALLS) == traced  # the model's trace only: no starting point drawn
     for name, value in reference.get_samples(group_by_chain=True).items():
