@@ -142,6 +142,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         self.warmup = WarmupDriver(self)
         self.superchain_ids: Optional[torch.Tensor] = None
         self._fixed_control_variate: Optional[ControlVariate] = None  # "map" or dict, per data set
+        self._prepared: Optional[tuple] = None  # the chains of prepare_chains, for start_chains or restore_chains
         self._model_key = None
         self._initial_params: Optional[Dict[str, torch.Tensor]] = None
         self._params: Optional[Dict[str, torch.Tensor]] = None

@@ -139,6 +139,26 @@ class BatchedChains:
         chain_ids : sequence of int, optional
             Global ids of these chains (stream ``c`` depends only on ``(seed, c)``); default ``range(num_chains)``.
         """
+        self.prepare_chains(
+            warmup_steps, args, kwargs, num_chains=num_chains, num_superchains=num_superchains, seed=seed,
+            chain_ids=chain_ids,
+        )  # fmt: skip
+        self.start_chains(initial_params)
+
+    def prepare_chains(
+        self,
+        warmup_steps: int,
+        args: tuple = (),
+        kwargs: Optional[dict] = None,
+        *,
+        num_chains: int = 1,
+        num_superchains: Optional[int] = None,
+        seed: Optional[int] = None,
+        chain_ids: Optional[Sequence[int]] = None,
+    ) -> None:
+        """The first half of :meth:`setup_chains`, what a resumed run needs too: the checks, the model's trace
+        (the potential), the chains' random and minibatch streams and superchains. Then :meth:`start_chains`
+        (a fresh run) or :meth:`restore_chains` (from a checkpoint)."""
         checks.positive_int(warmup_steps, "warmup_steps", minimum=0)
         checks.positive_int(num_chains, "num_chains")
         num_superchains = num_chains if num_superchains is None else num_superchains
@@ -155,6 +175,12 @@ class BatchedChains:
             raise ValueError(f"chain_ids has {len(self.generators)} entries for num_chains={num_chains}")
         self.minibatches = MinibatchSampler(potential.subsample_plates, self.generators)
         self.superchain_ids = torch.arange(num_chains) // (num_chains // num_superchains)
+        self._prepared = (warmup_steps, num_chains, num_superchains, seed, chain_ids)
+
+    def start_chains(self, initial_params: Optional[Dict[str, torch.Tensor]] = None) -> None:
+        """The second half of :meth:`setup_chains` (after :meth:`prepare_chains`): the starting points, the control
+        variate (a MAP search for ``"map"``), the first evaluation, the auxiliary state and the warmup."""
+        warmup_steps, num_chains, num_superchains, seed, chain_ids = self._prepared
         positions = self.initial_positions(
             initial_params, num_chains, num_superchains, seed=seed,
             superchain_ids=global_superchain_ids(num_chains, num_superchains, chain_ids),
@@ -164,10 +190,38 @@ class BatchedChains:
             positions = self.gradient_estimator.centre.expand(num_chains, -1).clone()
         energy, grad = self.evaluate(positions, self.minibatches.next())
         momentum, thermostat = self._init_auxiliary(positions)
-        self.state = SGMCMCState(positions, momentum, thermostat, energy, grad, 0)
+        self._start(SGMCMCState(positions, momentum, thermostat, energy, grad, 0), warmup_steps)
+
+    def restore_chains(self, saved: dict) -> None:
+        """Instead of :meth:`start_chains` (after :meth:`prepare_chains`): the chains of a checkpoint, ``saved``
+        being :meth:`state_dict`. None of the fresh set-up's work is done: no starting point is drawn, no
+        control-variate centre searched or evaluated on the full data (the checkpoint holds the centre and the
+        full-data potential and gradient there), no first evaluation; the warmup's structures are made (no
+        evaluation either) and filled from ``saved``. Raises ``KeyError``, ``ValueError``, ... on a state that
+        does not fit these chains."""
+        warmup_steps, num_chains = self._prepared[:2]
+        potential = self.potential
+        fields = {k: (v.to(potential.device) if torch.is_tensor(v) else v) for k, v in saved["state"].items()}
+        expected = (num_chains, potential.dim)
+        if tuple(fields["position"].shape) != expected:
+            raise ValueError(f"saved chains have positions of shape {tuple(fields['position'].shape)}, not {expected}")
+        self.gradient_estimator = MinibatchGradient(potential)  # a saved control variate replaces it (load)
+        self._start(SGMCMCState(**fields), warmup_steps)
+        self.load_state_dict(saved)
+        if self.control_variate is not None and self.control_variate != "auto":
+            if not isinstance(self.gradient_estimator, ControlVariate):
+                raise ValueError(f"the saved state holds no control variate (control_variate={self.control_variate!r})")
+            self._fixed_control_variate = self.gradient_estimator  # as a fresh run keeps it, for this data set
+
+    def _start(self, state: SGMCMCState, warmup_steps: int) -> None:
+        """The chains start from ``state``: the noise buffer, divergence record, warmup and first step size."""
+        self.state = state
+        positions = state.position
         # the step's noise buffer (no step keeps its noise): T = 0 draws none
         self._noise = torch.empty_like(positions) if self.noise_temperature > 0 else None
-        self.divergence_record = DivergenceRecord(num_chains, positions.device, self.on_divergence, type(self).__name__)
+        self.divergence_record = DivergenceRecord(
+            positions.shape[0], positions.device, self.on_divergence, type(self).__name__
+        )
         self.warmup.setup(warmup_steps)
         self._last_step_size = self.step_size(0)
 

@@ -32,24 +32,13 @@ from .length import RunLength
 __all__ = ["RunCheckpoint", "open_checkpoint", "fingerprint"]
 
 
-def open_checkpoint(
-    path: Path,
-    fingerprint: dict,
-    kernel: SGMCMCKernel,
-    store: DrawStore,
-    length: RunLength,
-    *,
-    resume: bool,
-    sync: bool,
-) -> "RunCheckpoint":
-    """Resume from the checkpoint at ``path`` (validated) into ``kernel`` and ``store``, or start it afresh."""
-    # before any step: a state that cannot be saved and read back safely is an error now, not at the first write
-    check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
+def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume: bool, sync: bool) -> "RunCheckpoint":
+    """The run's checkpoint at ``path``. With ``resume`` and a file there its index is read and verified now
+    (:meth:`RunCheckpoint.load`): a checkpoint of other settings is refused before the chains' set-up, and a
+    matching one then restores them (:meth:`RunCheckpoint.restore`) instead of it (:meth:`RunCheckpoint.start`)."""
     checkpoint = RunCheckpoint(path, fingerprint, sync)
     if resume and path.exists():
-        checkpoint.resume(kernel, store, length)
-    else:
-        clear_chunks(path)
+        checkpoint.load(length)
     return checkpoint
 
 
@@ -92,6 +81,7 @@ class RunCheckpoint:
         self.last_chunk: Optional[dict] = None  # the entry of the last chunk written (the hash chain's end)
         self.written = 0  # draws already in chunk files
         self.steps_done = 0
+        self.saved: Optional[dict] = None  # the verified index of the checkpoint being resumed, until restored
 
     def write(self, steps_done: int, phase: str, kernel: SGMCMCKernel, store: DrawStore) -> None:
         """One chunk with the draws since the last write (O(k)), then the index: written together (their
@@ -113,8 +103,19 @@ class RunCheckpoint:
         commit_files(pending, self.sync)
         self.last_chunk, self.written, self.steps_done = last_chunk, store.count, steps_done
 
-    def resume(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength) -> None:
-        """Load, verify and validate the checkpoint into ``kernel`` and ``store``."""
+    @property
+    def resuming(self) -> bool:
+        """Whether the run continues this checkpoint (its index was loaded) rather than starting it afresh."""
+        return self.saved is not None
+
+    def start(self, kernel: SGMCMCKernel) -> None:
+        """A fresh run (its chains set up): check that their state can be saved, remove earlier draw chunks."""
+        # before any step: a state that cannot be saved and read back safely is an error now, not at the first write
+        check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
+        clear_chunks(self.path)
+
+    def load(self, length: RunLength) -> None:
+        """Read and verify the index (records, fingerprint, step counter): before the chains' set-up."""
         saved = load_checkpoint(self.path, self.fingerprint)
         steps_done = saved.get("steps_done")
         total = length.total_steps
@@ -122,6 +123,15 @@ class RunCheckpoint:
             raise CheckpointMismatch(
                 f"checkpoint {self.path}: steps_done={steps_done!r} is not a step of this run (0 to {total})"
             )
+        state = saved.get("kernel")
+        if not isinstance(state, dict) or not isinstance(state.get("minibatches"), dict):
+            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
+        self.saved = saved
+
+    def restore(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength) -> None:
+        """The loaded checkpoint's draws into ``store`` and its chains into ``kernel`` (prepared with
+        :meth:`~SGMCMCKernel.prepare_chains`: :meth:`~SGMCMCKernel.restore_chains` does the rest of the set-up)."""
+        saved, steps_done = self.saved, self.saved["steps_done"]
         expected = length.draws_after(steps_done)
         for entry, positions, stats in read_chunks(self.path, saved.get("last_chunk")):
             self._extend(store, entry, positions, stats)
@@ -130,17 +140,16 @@ class RunCheckpoint:
                 f"checkpoint {self.path}: {store.count} draws saved, but a run stopped after {steps_done} steps keeps "
                 f"{expected}"
             )
-        state = saved.get("kernel")
-        if not isinstance(state, dict) or not isinstance(state.get("minibatches"), dict):
-            raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
         try:
-            kernel.load_state_dict(state)
+            kernel.restore_chains(saved["kernel"])
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
             raise CheckpointMismatch(
                 f"checkpoint {self.path}: the kernel's state cannot be restored ({type(error).__name__}: {error})"
             ) from error
         _validate_state(self.path, kernel, steps_done)
+        check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
         self.last_chunk, self.written, self.steps_done = saved.get("last_chunk"), store.count, steps_done
+        self.saved = None  # the run continues: the index is not kept
 
     def _extend(self, store: DrawStore, entry: dict, positions: torch.Tensor, stats: Dict[str, torch.Tensor]) -> None:
         """Check one chunk's draws against this run (shapes, dtype, finite) and append them to ``store``."""

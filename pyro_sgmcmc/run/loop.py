@@ -8,6 +8,12 @@ writes a checkpoint every ``checkpoint_every`` steps and at the end, and updates
 about 200 times a run. Its :attr:`~ChainRun.result` holds the draws (constrained), their
 statistics and the per-chain diagnostics, after a complete run or, with :class:`PartialRun`, after
 an interrupted one.
+
+Resuming. The run traces the model (:meth:`~SGMCMCKernel.prepare_chains`: the potential and the fingerprint need
+it), then reads and checks the checkpoint, so that one of other settings is refused before the set-up; a matching
+one restores the chains (:meth:`~SGMCMCKernel.restore_chains`) in place of the set-up's work
+(:meth:`~SGMCMCKernel.start_chains`: drawing the starting points, a control variate's MAP search and full-data
+pass, the first evaluation), whose results the checkpoint holds.
 """
 
 from __future__ import annotations
@@ -96,12 +102,23 @@ class ChainRun:
         """
         kernel, store = self.kernel, None
         try:
-            chains = self.chains
-            kernel.setup_chains(self.length.warmup_steps, args, kwargs, **vars(chains))
-            position = kernel.state.position
-            dim = position.shape[-1]
-            store = DrawStore(chains.num_chains, self.length.num_kept, dim, position.dtype, position.device)
-            self._steps(store)
+            chains, length = self.chains, self.length
+            layout = {k: v for k, v in vars(chains).items() if k != "initial_params"}
+            kernel.prepare_chains(length.warmup_steps, args, kwargs, **layout)  # traces the model
+            checkpoint = self._open_checkpoint()  # one to resume is read and checked now, before the set-up
+            if checkpoint is not None and checkpoint.resuming:  # restores all the set-up would do: skipped
+                potential = kernel.potential
+                store = DrawStore(chains.num_chains, length.num_kept, potential.dim, potential.dtype, potential.device)
+                checkpoint.restore(kernel, store, length)
+            else:
+                kernel.start_chains(chains.initial_params)
+                position = kernel.state.position
+                store = DrawStore(
+                    chains.num_chains, length.num_kept, position.shape[-1], position.dtype, position.device
+                )
+                if checkpoint is not None:
+                    checkpoint.start(kernel)
+            self._steps(store, checkpoint)
         except BaseException as error:
             self._stop(store, error)
             raise
@@ -109,10 +126,9 @@ class ChainRun:
         kernel.cleanup()
         return self.result
 
-    def _steps(self, store: DrawStore) -> None:
+    def _steps(self, store: DrawStore, checkpoint: Optional[RunCheckpoint]) -> None:
         kernel, length = self.kernel, self.length
         total, warmup = length.total_steps, length.warmup_steps
-        checkpoint = self._open_checkpoint(store)
         start = 0 if checkpoint is None else checkpoint.steps_done
         self.steps_done = start
         progress = _progress(total, self.disable_progbar)
@@ -135,7 +151,8 @@ class ChainRun:
         if progress is not None:
             progress.close()
 
-    def _open_checkpoint(self, store: DrawStore) -> Optional[RunCheckpoint]:
+    def _open_checkpoint(self) -> Optional[RunCheckpoint]:
+        """The run's checkpoint (``None`` without one); a matching one to resume is loaded (module docstring)."""
         if self.checkpoint is None:
             return None
         chains = self.chains
@@ -147,15 +164,8 @@ class ChainRun:
             seed=chains.seed,
             chain_ids=chains.chain_ids,
         )
-        return open_checkpoint(
-            self.checkpoint.path,
-            settings,
-            self.kernel,
-            store,
-            self.length,
-            resume=self.checkpoint.resume,
-            sync=self.checkpoint.sync,
-        )
+        checkpoint = self.checkpoint
+        return open_checkpoint(checkpoint.path, settings, self.length, resume=checkpoint.resume, sync=checkpoint.sync)
 
     def _keep(self, store: DrawStore, partial: Optional[PartialRun]) -> RunResult:
         """The stored draws (constrained), their statistics and the per-chain diagnostics."""
