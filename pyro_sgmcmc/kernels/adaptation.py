@@ -153,11 +153,19 @@ class WarmupDriver:
     def _adapt(self, state: SGMCMCState) -> None:
         kernel, adaptation = self.kernel, self.adaptation
         if self.auto.candidate is not None and state.step - adaptation.offset >= adaptation.slow_start:
-            chosen = self.auto.decide(kernel.potential, state.position, kernel.minibatches, kernel.temperature)
+            chosen = self.auto.decide(
+                kernel.potential, state.position, kernel.minibatches, kernel.temperature, adaptation.probes.hessian
+            )
             if chosen is not None:
                 kernel.gradient_estimator = chosen
-                energy, grad = kernel.evaluate(state.position, kernel.minibatches.next())
-                kernel.state = state = kernel.state.replace(potential=energy, grad=grad)
+                position = state.position if self.auto.arrival is None else self.auto.arrival
+                energy, grad = kernel.evaluate(position, kernel.minibatches.next())
+                if position is not state.position:  # chains the approach left far out go where they would arrive
+                    arrived = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
+                    if not bool(arrived.all()):
+                        position = torch.where(arrived.unsqueeze(-1), position, state.position)
+                        energy, grad = kernel.evaluate(position, kernel.minibatches.next())
+                kernel.state = state = kernel.state.replace(position=position, potential=energy, grad=grad)
         if adaptation.update(state.step, state.position, state.grad) and state.momentum is not None:
             kernel.state = kernel.state.replace(momentum=torch.zeros_like(state.momentum))  # in old-metric units
         self.chain_step_size = adaptation.step_size

@@ -64,6 +64,7 @@ __all__ = [
     "CONTROL_VARIATE_GAIN",
     "MAX_MINIBATCHES",
     "NOISE_Z",
+    "ARRIVAL_Z",
     "STAGE_IMPROVEMENT",
     "PRELIMINARY_MAP_ITERATIONS",
     "AUTO_MAP_ITERATIONS",
@@ -111,6 +112,10 @@ NOISE_MINIBATCHES = 8
 #: ``NOISE_MINIBATCHES`` up to this many while a ratio is within ``NOISE_Z`` jackknife errors of its threshold ...
 MAX_MINIBATCHES = 64
 NOISE_Z = 2.0
+#: ``control_variate="auto"`` measures a chain whose squared gradient, in units of ``T`` times its curvature,
+#: exceeds ``d`` (its mean at the posterior, by integration by parts) by more than this many sds of a ``chi^2_d``
+#: where it would arrive (:meth:`AutoControlVariate.decide`).
+ARRIVAL_Z = 4.0
 #: ... and a stage of the MAP search goes on if it lowers the log ratio by more than this (10 %).
 STAGE_IMPROVEMENT = math.log(0.9)
 #: A warning is given when a chain's relaxation time (in steps) under its adapted step exceeds this fraction
