@@ -321,6 +321,29 @@ def test_the_chunks_are_loaded_without_running_code(interrupted_files, tmp_path)
     assert not marker.exists()
 
 
+def test_other_initial_params_are_a_mismatch(tmp_path):
+    """The starting points change the draws, so a checkpoint written from other ``initial_params`` (or from none)
+    is refused, naming them; the same ones resume."""
+    from pyro_sgmcmc import MCMC, SGHMC, CheckpointSettings
+
+    path = tmp_path / "run.ckpt"
+
+    def run(initial_params):
+        settings = dict(script.SETTINGS, checkpoint=CheckpointSettings(path, every=25), disable_progbar=True)
+        mcmc = MCMC(SGHMC(script.model, step_size=0.02), initial_params=initial_params, **settings)
+        mcmc.run(*script.data())
+        return mcmc
+
+    start = {"w": torch.zeros(6, 3), "sigma": torch.ones(6)}
+    first = run(start)
+    with pytest.raises(CheckpointMismatch, match="different settings:(.|\n)*initial_params"):
+        run({"w": torch.zeros(6, 3), "sigma": torch.full((6,), 2.0)})
+    with pytest.raises(CheckpointMismatch, match="different settings:(.|\n)*initial_params"):
+        run(None)
+    again = run({name: value.clone() for name, value in start.items()})  # resumes the finished run: same draws
+    assert torch.equal(again.get_samples()["w"], first.get_samples()["w"])
+
+
 def _other_subsample_size(x, y):
     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
     sigma = pyro.sample("sigma", dist.LogNormal(0.0, 1.0))

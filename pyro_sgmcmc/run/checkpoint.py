@@ -27,6 +27,7 @@ from ..checkpoint import (
 )
 from ..draws import DrawStore
 from ..kernels.base import SGMCMCKernel
+from ..kernels.configuration import tensor_digest
 from .length import RunLength
 
 __all__ = ["RunCheckpoint", "open_checkpoint", "fingerprint"]
@@ -50,6 +51,7 @@ def fingerprint(
     num_superchains: int,
     seed: Optional[int],
     chain_ids: Optional[Sequence[int]],
+    initial_params: Optional[Dict[str, torch.Tensor]] = None,
 ) -> dict:
     """The settings a checkpoint must share with the run that resumes it: all that changes the draws."""
     potential = kernel.potential
@@ -68,6 +70,7 @@ def fingerprint(
         "keep_last": length.keep_last,
         "seed": seed,
         **({} if chain_ids is None else {"chain_ids": list(chain_ids)}),
+        **({} if initial_params is None else {"initial_params": tensor_digest(initial_params)}),
     }
 
 

@@ -163,6 +163,7 @@ class ChainRun:
             num_superchains=chains.num_superchains,
             seed=chains.seed,
             chain_ids=chains.chain_ids,
+            initial_params=chains.initial_params,
         )
         checkpoint = self.checkpoint
         return open_checkpoint(checkpoint.path, settings, self.length, resume=checkpoint.resume, sync=checkpoint.sync)
