@@ -295,4 +295,3 @@ class _PairedMeasurement:
             if not math.isfinite(value) or abs(value - threshold) > NOISE_Z * error or k >= MAX_MINIBATCHES:
                 return value, error
             self.extend(min(2 * k, MAX_MINIBATCHES), candidates)
-

@@ -77,4 +77,3 @@ def describe(offset: torch.Tensor, significant: torch.Tensor) -> str:
         f"chain(s) {chains[:8]} are still drifting at the end of warmup: about {worst:.3g} posterior sds from "
         "where their gradients balance"
     )
-
