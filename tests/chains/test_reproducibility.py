@@ -6,13 +6,13 @@
   ``pyro_sgmcmc.MCMC(..., chain_method="vectorized", seed=)`` at a small ``N`` and at ``N = 10^7``
   (where a table of permutations for 4 chains would not fit the old 256 MB limit but one chain's did:
   the two used to draw different minibatches), for chain 0 and chain 3 alone against 4 chains, and
-  for chain 3 beside 4 and beside 40 other chains.
+  for chain 3 beside 4 and beside 400 other chains.
 * docs/distributed.rst: a P-process run equals a one-process run, bit for bit: 2 processes (gloo,
   :func:`pyro_sgmcmc.distributed.launch`) running 3 chains each, against one process running all 6.
 
-The starting points are given (``initial_params``) in every comparison: the promise is about the
-streams, and until ``seed=`` also fixes the starting points (the kernels room) a default start would
-come from torch's global generator and differ between the runs for that reason alone.
+The starting points are given (``initial_params``) in the comparisons of the streams; ``seed=`` also fixes
+the default starting points (superchain ``s`` draws its start from ``(seed, s)``), which the last test of the
+first group checks at ``N = 10^7`` with no ``initial_params``.
 
 The model is a Gaussian mean, ``y_n ~ N(mu, 1)``, ``mu ~ N(0, 10)``, with a subsampled plate: cheap
 at any ``N`` (``N = 10^7`` float32 data are 40 MB), so the large case takes a few seconds.
@@ -44,9 +44,11 @@ def make_data(n: int) -> torch.Tensor:
     return 1.5 + torch.randn(n, generator=torch.Generator().manual_seed(0))
 
 
-def draws(data, chain_ids, *, seed=11, kernel=SGHMC, num_samples=15, warmup_steps=15, **options):
-    """Draws of ``mu`` of the chains ``chain_ids`` (global ids), vectorised, from fixed starting points."""
-    start = {"mu": torch.linspace(-1.0, 1.0, 64)[list(chain_ids)]}  # chain c starts at its own point
+def draws(data, chain_ids, *, seed=11, kernel=SGHMC, num_samples=15, warmup_steps=15, given_start=True, **options):
+    """Draws of ``mu`` of the chains ``chain_ids`` (global ids), vectorised, from fixed starting points (or, with
+    ``given_start=False``, from the init strategy's, drawn from the seed)."""
+    ids = torch.tensor(list(chain_ids))
+    start = {"mu": -1.0 + 2.0 * ids / 400} if given_start else None  # chain c starts at its own point
     mcmc = MCMC(kernel(gaussian_mean, step_size=1e-3, **options), num_samples=num_samples, warmup_steps=warmup_steps,
                 num_chains=len(chain_ids), chain_ids=list(chain_ids), initial_params=start,
                 chain_method="vectorized", seed=seed, disable_progbar=True)  # fmt: skip
@@ -63,17 +65,30 @@ def test_a_chain_draws_the_same_alone_and_beside_three_others(n):
     assert torch.equal(draws(data, [3])[0], together[3])  # chain 3 alone (chain_ids=[3])
 
 
-def test_chain_3_draws_the_same_beside_4_and_beside_40_other_chains():
+def test_with_a_seed_the_default_starts_agree_too():
+    """No ``initial_params``: chain 3 alone and beside three others start from the init strategy's draw for
+    superchain 3 under ``(seed, 3)``, whatever torch's global generator holds, and draw the same."""
+    data = make_data(10**7)
+    torch.manual_seed(1)
+    together = draws(data, range(4), given_start=False)
+    torch.manual_seed(2)  # another global state: the seed alone decides
+    alone = draws(data, [3], given_start=False)
+    assert len(set(together[:, 0].tolist())) == 4  # the chains start apart
+    assert torch.equal(alone[0], together[3])
+
+
+def test_chain_3_draws_the_same_beside_4_and_beside_400_other_chains():
+    """docs/reliability.rst's words: "whether it runs with 4 or 400 other chains"."""
     data = make_data(5000)
     for kernel in (SGHMC, SGLD):
         beside_4 = draws(data, range(5), kernel=kernel)
-        beside_40 = draws(data, range(41), kernel=kernel)
-        assert torch.equal(beside_4[3], beside_40[3]), kernel.__name__
+        beside_400 = draws(data, range(401), kernel=kernel)
+        assert torch.equal(beside_4[3], beside_400[3]), kernel.__name__
 
 
 def test_noise_and_minibatches_of_chain_3_do_not_depend_on_the_other_chains():
     """The streams themselves, as the kernels draw them: chain 3's noise and minibatch indices, beside
-    4 or 40 other chains, over several epochs (``N = 97``, ``B = 10``: 9 steps an epoch)."""
+    4 or 400 other chains, over several epochs (``N = 97``, ``B = 10``: 9 steps an epoch)."""
 
     def streams(num_chains, steps=40):
         generators = ChainGenerators(5, range(num_chains))
@@ -86,8 +101,8 @@ def test_noise_and_minibatches_of_chain_3_do_not_depend_on_the_other_chains():
         return torch.stack(noise), torch.stack(indices)
 
     noise_4, indices_4 = streams(5)
-    noise_40, indices_40 = streams(41)
-    assert torch.equal(noise_4, noise_40) and torch.equal(indices_4, indices_40)
+    noise_400, indices_400 = streams(401)
+    assert torch.equal(noise_4, noise_400) and torch.equal(indices_4, indices_400)
 
 
 # ---------------------------------------------------------------------- several processes
