@@ -24,11 +24,22 @@ from .curvature import Curvature
 from .evidence import GaussianNoise
 from .kron import KronPrecision
 from .laplace_evidence import EvidenceMixin, PriorPrecision
-from .precision import DiagPrecision, Precision, make_precision
+from .precision import DensePrecision, DiagPrecision, Precision
 from .predictive import GLMPrediction, linearized_predictive
 from .sites import prototype_frames, site_prior, site_slices, unconstrained_shapes
 
 __all__ = ["LaplaceApproximation"]
+
+
+def make_precision(curvature: torch.Tensor, slices: Dict[str, slice], kron_factors=None) -> Precision:
+    """The precision class for a likelihood curvature: K-FAC factors (:class:`~pyro_sgmcmc.guides.kron.KronPrecision`),
+    a ``(d, d)`` matrix (:class:`~pyro_sgmcmc.guides.precision.DensePrecision`) or a ``(d,)`` diagonal
+    (:class:`~pyro_sgmcmc.guides.precision.DiagPrecision`)."""
+    if kron_factors is not None:
+        return KronPrecision(kron_factors, slices)
+    if curvature.dim() == 2:
+        return DensePrecision(curvature, slices)
+    return DiagPrecision(curvature, slices)
 
 
 class LaplaceApproximation(EvidenceMixin, AutoContinuous):

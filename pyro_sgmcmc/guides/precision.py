@@ -30,7 +30,7 @@ import torch
 
 from .sites import reshaped
 
-__all__ = ["Precision", "DiagPrecision", "DensePrecision", "make_precision"]
+__all__ = ["Precision", "DiagPrecision", "DensePrecision"]
 
 
 class Precision(abc.ABC):
@@ -265,14 +265,3 @@ class DensePrecision(Precision):
                 "is too large or too ill-conditioned for this dtype (a huge prior_precision?); use a smaller "
                 "prior_precision or float64"
             )
-
-
-def make_precision(curvature: torch.Tensor, slices: Dict[str, slice], kron_factors=None) -> Precision:
-    """The precision class for a likelihood curvature: K-FAC factors, a ``(d, d)`` matrix or a ``(d,)`` diagonal."""
-    if kron_factors is not None:
-        from .kron import KronPrecision
-
-        return KronPrecision(kron_factors, slices)
-    if curvature.dim() == 2:
-        return DensePrecision(curvature, slices)
-    return DiagPrecision(curvature, slices)

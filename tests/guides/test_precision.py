@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pyro_sgmcmc.guides.approximation import make_precision
 from pyro_sgmcmc.guides.kron import KroneckerPrecision, KronPrecision
-from pyro_sgmcmc.guides.precision import DensePrecision, DiagPrecision, make_precision
+from pyro_sgmcmc.guides.precision import DensePrecision, DiagPrecision
 
 SLICES = {"w": slice(0, 6), "b": slice(6, 8)}  # a weight (2, 3) and its bias (2,)
 
