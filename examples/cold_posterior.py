@@ -52,7 +52,7 @@ give the error bars (standard error of the mean over seeds).
 
 Run it::
 
-    python examples/cold_posterior.py            # 145 s of CPU; 6 min wall on a shared, loaded 2-core machine
+    python examples/cold_posterior.py            # 47 s of CPU; 76 s wall on a shared 2-core machine (2026-11-26)
     python examples/cold_posterior.py --tiny     # seconds, smoke test only
 
 It writes ``cold_posterior.json`` (every number per seed and summarised), ``cold_posterior.md``

@@ -31,7 +31,7 @@ Outputs in ``--out`` (a directory): ``continual_learning.json`` (the loss and ac
 
 Run it::
 
-    python examples/continual_learning.py                # about a minute on 2 CPU cores
+    python examples/continual_learning.py                # 8 s of CPU, 9 s wall on 2 shared cores (2026-11-26)
     python examples/continual_learning.py --tiny         # a few seconds, smoke test only
 """
 

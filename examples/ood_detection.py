@@ -40,7 +40,7 @@ members 2,000 steps; the serial chain 1,000 burn-in steps and then 5,000 more, e
 
 Run it::
 
-    python examples/ood_detection.py            # 105 s of CPU; 6.5 min wall on a shared, loaded 2-core machine
+    python examples/ood_detection.py            # 35 s of CPU; 50 s wall on a shared 2-core machine (2026-11-26)
     python examples/ood_detection.py --tiny     # seconds, smoke test only
 
 It writes ``ood_detection.json`` (every number), ``ood_detection.md`` (the table) and
