@@ -1,13 +1,17 @@
 """The hand-written reference loops every speed benchmark is timed against (re-exported by ``harness.py``).
 
 :class:`HandChains` runs SGLD, SGHMC or SGNHT for ``K`` chains in plain PyTorch on a potential given as a
-function: no Pyro, no package code but its random streams, ``chain_seed`` for the noise and
-``pyro_sgmcmc.chains.minibatch.epoch_orders`` for the minibatches (so that it reproduces the kernels'
-trajectories to round-off; the benchmarks check this before they time anything).
+function: no Pyro, no package code but ``chain_seed`` for its noise streams. Its minibatches come one of two
+ways: ``minibatches="randperm"`` (the default, what the speed benchmarks time against) as a user's loop
+draws them, ``torch.randperm`` per chain per epoch from the chain's own generator; ``minibatches="package"``
+from the package's own stream (``pyro_sgmcmc.chains.minibatch.epoch_orders``, the keyed permutations), so that
+the loop reproduces the kernels' trajectories to round-off (the benchmarks check this before they time
+anything). Timing against the package's stream would hide the cost of the package's permutation code.
 
-``python benchmarks/hand_loops.py --check`` runs the loops against the package's SGLD, SGHMC and SGNHT on a
-small logistic regression (same start, same seed, fixed step size, no adaptation) and prints the largest
-position difference after 25 steps (two epochs of 10 minibatches begun: the streams cross an epoch).
+``python benchmarks/hand_loops.py --check`` runs the loops (``minibatches="package"``) against the package's
+SGLD, SGHMC and SGNHT on a small logistic regression (same start, same seed, fixed step size, no adaptation)
+and prints the largest position difference after 25 steps (two epochs of 10 minibatches begun: the streams
+cross an epoch).
 """
 
 from __future__ import annotations
@@ -45,14 +49,17 @@ class HandChains:
         \\text{SGNHT:}\\quad & \\text{the same with } \\alpha \\to \\xi \\text{ in the decay, then }
             \\xi' = \\xi + \\epsilon (m' \\cdot m' / (\\sigma^2 D) - T / N)
 
-    (the package's temperature is per datum: its noise temperature is :math:`T / N`). The random streams
-    are the package's: one ``torch.Generator`` per chain seeded with ``chain_seed(seed, c)``, the noise drawn
-    from it row by row (and nothing else); minibatches walking through each chain's epoch of the package's
-    keyed permutation of plate ``plate`` (:func:`pyro_sgmcmc.chains.minibatch.epoch_orders`, a function of
-    ``(seed, chain, plate, epoch)``, whole epochs evaluated at once), the next epoch begun when fewer than
-    ``B`` indices remain. The step order is the kernels': noise, move with the cached gradient, new minibatch,
-    new gradient. ``in_place=True`` writes the SGHMC update as fused in-place operations (the fastest hand
-    form); ``keep_draws`` also keeps a copy of every position, as an MCMC run that returns its draws must.
+    (the package's temperature is per datum: its noise temperature is :math:`T / N`). One ``torch.Generator``
+    per chain seeded with ``chain_seed(seed, c)``, the noise drawn from it row by row; minibatches walking
+    through each chain's epoch permutation, the next epoch begun when fewer than ``B`` indices remain. The
+    permutations: ``minibatches="randperm"`` (default), ``torch.randperm(N)`` per chain per epoch from that
+    chain's generator (a user's loop; the noise then differs from the package's); ``minibatches="package"``,
+    the package's keyed permutation of plate ``plate`` (:func:`pyro_sgmcmc.chains.minibatch.epoch_orders`, a
+    function of ``(seed, chain, plate, epoch)``, whole epochs evaluated at once; the generators then give
+    the noise only, so both streams are the package's). The step order is the kernels': noise, move with the
+    cached gradient, new minibatch, new gradient. ``in_place=True`` writes the SGHMC update as fused in-place
+    operations (the fastest hand form); ``keep_draws`` also keeps a copy of every position, as an MCMC run
+    that returns its draws must.
     """
 
     def __init__(
@@ -70,20 +77,25 @@ class HandChains:
         in_place: bool = False,
         keep_draws: bool = False,
         plate: str = "data",
+        minibatches: str = "randperm",
     ):
-        # here: storage.py may time an older package
-        from pyro_sgmcmc.chains.minibatch import epoch_orders
-        from pyro_sgmcmc.chains.streams import ChainGenerators, chain_seed
+        from pyro_sgmcmc.chains.streams import chain_seed  # here: storage.py may time an older package
 
         if method not in ("SGLD", "SGHMC", "SGNHT"):
             raise ValueError(f"method must be SGLD, SGHMC or SGNHT; got {method!r}")
+        if minibatches not in ("randperm", "package"):
+            raise ValueError(f"minibatches must be 'randperm' or 'package'; got {minibatches!r}")
         self.energy, self.method, self.in_place = energy, method, in_place
         self.num_data, self.batch_size = num_data, batch_size
         self.step_size, self.friction, self.mass, self.temperature = step_size, friction, mass, temperature
         self.num_chains, self.dim = initial_position.shape
         self.generators = [torch.Generator().manual_seed(chain_seed(seed, c)) for c in range(self.num_chains)]
-        # the minibatch streams: keys from (seed, chain, plate, epoch); the generators above are not drawn from
-        self.streams, self.plate, self.epoch_orders = ChainGenerators(seed, range(self.num_chains)), plate, epoch_orders
+        self.minibatches, self.plate = minibatches, plate
+        if minibatches == "package":  # keys from (seed, chain, plate, epoch); the generators give the noise only
+            from pyro_sgmcmc.chains.minibatch import epoch_orders
+            from pyro_sgmcmc.chains.streams import ChainGenerators
+
+            self.streams, self.epoch_orders = ChainGenerators(seed, range(self.num_chains)), epoch_orders
         self.order = torch.empty((self.num_chains, num_data), dtype=torch.long)
         self.epoch, self.cursor = 0, num_data
         self.position = initial_position.clone()
@@ -94,11 +106,15 @@ class HandChains:
         self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
 
     def next_indices(self) -> torch.Tensor:
-        """The next ``(K, B)`` minibatch indices, each chain walking through its own epoch of the keyed
-        permutation (the package's stream)."""
+        """The next ``(K, B)`` minibatch indices, each chain walking through its own epoch permutation
+        (``torch.randperm`` from its generator, or the package's keyed permutation)."""
         if self.cursor + self.batch_size > self.num_data:
             self.epoch += 1
-            self.order = self.epoch_orders(self.streams, self.plate, self.num_data, self.epoch)
+            if self.minibatches == "randperm":  # a user's loop: a fresh permutation per chain per epoch
+                for row, generator in zip(self.order, self.generators):
+                    row.copy_(torch.randperm(self.num_data, generator=generator))
+            else:
+                self.order = self.epoch_orders(self.streams, self.plate, self.num_data, self.epoch)
             self.cursor = 0
         idx = self.order[:, self.cursor : self.cursor + self.batch_size]
         self.cursor += self.batch_size
@@ -177,7 +193,7 @@ def check_against_kernels(steps: int = 25, chains: int = 3) -> Dict[str, float]:
         kernel = kernel_class(model, step_size=0.01, **SAME_MATHS)
         with pyro.validation_enabled(False):
             kernel.setup_chains(0, (x, y), {}, num_chains=chains, initial_params={"w": init}, seed=seed)
-            hand = HandChains(energy, n, batch, init, seed, method=method, step_size=0.01)
+            hand = HandChains(energy, n, batch, init, seed, method=method, step_size=0.01, minibatches="package")
             for _ in range(steps):
                 kernel.step()
                 hand.step()

@@ -2,9 +2,9 @@
 
 For two models, the time of one step (minibatch draw, log density, gradient, update) of:
 
-* ``hand``: a plain PyTorch loop (``harness.HandChains``, one chain): the package's keyed-permutation
-  minibatches (``epoch_orders``), the log density written by hand with ``torch.distributions`` (validation off),
-  ``torch.autograd.grad`` on a flat parameter vector, and the SGLD / SGHMC update written out;
+* ``hand``: a plain PyTorch loop (``harness.HandChains``, one chain): ``torch.randperm`` minibatches (one
+  permutation per epoch, as a user writes it), the log density written by hand with ``torch.distributions``
+  (validation off), ``torch.autograd.grad`` on a flat parameter vector, and the SGLD / SGHMC update written out;
 * ``direct``: ``kernel.setup(...)`` once, then ``params = kernel.sample(params)`` in a loop, with
   Pyro's distribution validation on (Pyro's default outside ``MCMC``) and off;
 * ``MCMC``: ``pyro.infer.MCMC(kernel, ...).run(...)`` with ``disable_progbar=True`` (MCMC turns
@@ -20,7 +20,7 @@ Models:
 
 Before timing, the script checks that the hand loop and the kernel take the *same* steps: at
 temperature 0 on the full data, from the same point, their trajectories agree to float32 rounding.
-The hand loop draws the kernels' minibatches (their keyed epoch permutations, ``B`` indices per step).
+(There the minibatch is the whole data set, so the permutations do not enter.)
 
 Each timing is repeated (``--repeats``, default 12, interleaving the variants). Both the CPU time of
 this process (``time.process_time``: robust when other jobs share the cores) and the wall time are
@@ -156,7 +156,7 @@ class MLPClassifier:
 # ====================================================================================== hand loop
 def hand_loop(problem, method, position, step_size=STEP_SIZE, temperature=TEMPERATURE) -> harness.HandChains:
     """SGLD / SGHMC written out in PyTorch (``harness.HandChains``, one chain) on the problem's hand-written
-    log density, in the kernels' step order (noise, move, re-evaluate), minibatches as the kernels draw them."""
+    log density, in the kernels' step order (noise, move, re-evaluate), ``torch.randperm`` minibatches."""
 
     def energy(z, idx):
         return -problem.hand_log_density(z[0], idx[0]).unsqueeze(0)

@@ -16,11 +16,12 @@ The same Bayesian MLP regression, the same data, minibatches of B = 128 out of N
     like ``MCMC``); ``kernel eager`` (one chain) the same with ``jit_compile=False``.
 ``hand``
     Plain PyTorch, written for speed: one flat parameter vector (per chain), the log density written
-    out, one ``torch.autograd.grad``, the SGHMC update as fused in-place ops, the minibatches and the
-    noise drawn from per-chain ``torch.Generator`` streams seeded as the package seeds its chains. For
-    256 chains the network runs as ``torch.bmm`` on per-chain minibatches. It does *our* maths, so it
-    reproduces our trajectories (checked below). ``hand+draws`` (one chain) also keeps a copy of every
-    draw, as an MCMC run that returns its draws must: the like-for-like baseline of ``MCMC``.
+    out, one ``torch.autograd.grad``, the SGHMC update as fused in-place ops, the noise and the minibatches
+    (``torch.randperm`` per chain per epoch, as a user writes it) drawn from per-chain ``torch.Generator``
+    streams seeded as the package seeds its chains. For 256 chains the network runs as ``torch.bmm`` on
+    per-chain minibatches. It does *our* maths: with the package's minibatch stream (``hand pkg-stream``,
+    ``minibatches="package"``) it reproduces our trajectories (checked below). ``hand+draws`` (one chain)
+    also keeps a copy of every draw, as an MCMC run that returns its draws must: the baseline of ``MCMC``.
 ``posteriors``
     ``posteriors.sgmcmc.sghmc`` 0.1.x (``update`` on a dict of parameters, its documented use), the log
     posterior written as ``posteriors`` recommends (``(N/B * log-lik + log-prior) / N`` with
@@ -52,8 +53,7 @@ Run::
     python benchmarks/peers.py --retain-memory --out benchmarks/results/peers_retained.json \
         --rst docs/benchmarks_peers_retained_table.inc   # glibc keeps freed memory (all contenders)
 
-Writes ``benchmarks/results/peers.json`` and the reStructuredText table ``docs/benchmarks_peers_table.inc``
-(included by ``docs/benchmarks.rst``).
+Writes ``benchmarks/results/peers.json`` and the table ``docs/benchmarks_peers_table.inc`` (in benchmarks.rst).
 """
 
 from __future__ import annotations
@@ -86,18 +86,17 @@ shapes, unpack = models.shapes, models.unpack
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # tensordict's notices on import of posteriors
 
-SAME_MATHS = harness.SAME_MATHS
-ROOT = harness.ROOT
+SAME_MATHS, ROOT = harness.SAME_MATHS, harness.ROOT
 
 
-def hand_sghmc(x, y, hidden: int, init: torch.Tensor, seed: int, keep_draws: bool = False) -> harness.HandChains:
+def hand_sghmc(x, y, hidden, init, seed, keep_draws=False, minibatches="randperm") -> harness.HandChains:
     """Our SGHMC for K chains in plain PyTorch, written for speed (one chain: plain matrix products; K > 1:
     batched; the update as fused in-place operations). ``keep_draws``: also keep a copy of every draw, as an
-    MCMC run that returns its draws must."""
+    MCMC run that returns its draws must; ``minibatches``: ``torch.randperm`` or the package's stream."""
     energy = models.mlp_energy(x, y, hidden, init.shape[0])
     return harness.HandChains(
         energy, NUM_DATA, BATCH, init, seed, method="SGHMC", step_size=STEP_SIZE, friction=FRICTION,
-        in_place=True, keep_draws=keep_draws,
+        in_place=True, keep_draws=keep_draws, minibatches=minibatches,
     )  # fmt: skip
 
 
@@ -218,7 +217,7 @@ def _check_same_maths(hidden: int, seed: int) -> dict:
     for chains in (1, 4):
         init = 0.1 * torch.randn(chains, dim(hidden), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         ours = OursKernel(x, y, hidden, init, seed)
-        hand = hand_sghmc(x, y, hidden, init, seed)
+        hand = hand_sghmc(x, y, hidden, init, seed, minibatches="package")
         for _ in range(5):
             ours.step()
             hand.step()
@@ -268,6 +267,8 @@ def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0
     load_before = harness.load_average()
     contenders: Dict[str, Callable[[], List[tuple]]] = {}
     contenders["hand"] = harness.stepped(hand_sghmc(x, y, hidden, init, seed).step, steps)
+    package_stream = hand_sghmc(x, y, hidden, init, seed, minibatches="package")  # the kernels' minibatches
+    contenders["hand pkg-stream"] = harness.stepped(package_stream.step, steps)
     if chains == 1:  # the hand loop as an MCMC run that returns its draws: a copy of each
         contenders["hand+draws"] = harness.stepped(hand_sghmc(x, y, hidden, init, seed, keep_draws=True).step, steps)
     contenders["kernel"] = harness.stepped(OursKernel(x, y, hidden, init, seed).step, steps)
@@ -321,11 +322,12 @@ CONFIGS = {
 
 
 def rst_table(results: dict, retained: bool = False) -> str:
-    names = ["MCMC", "MCMC keep_last", "MCMC eager", "kernel", "kernel eager", "hand", "hand+draws", "posteriors"]
+    names = ["MCMC", "MCMC keep_last", "MCMC eager", "kernel", "kernel eager", "hand", "hand pkg-stream", "hand+draws"]
+    names += ["posteriors"]
     memory = ", freed CPU memory retained (retain_freed_cpu_memory)" if retained else ""
     caption = (
         "ms per step (all chains), CPU time, median over interleaved blocks;"
-        f" in brackets the paired ratio to the hand loop{memory}"
+        f" in brackets the paired ratio to the hand loop (torch.randperm minibatches){memory}"
     )
     rows = []
     for key, r in results["configs"].items():
