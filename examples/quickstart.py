@@ -28,21 +28,24 @@ Run it::
     python examples/quickstart.py              # about a minute on a 2-core machine
     python examples/quickstart.py --tiny       # a few seconds, smoke test only
 
-What to expect (``--seed 0``, one torch thread, a 2-core machine shared with other jobs)::
+What to expect (``--seed 0``, one torch thread, a 2-core machine shared with other jobs; measured on
+2026-11-26 under heavy load, load average 4.5-7, so the wall times are about twice the CPU times)::
 
-    SGHMC(model): 10,000 steps in 9.6 s wall (9.5 s CPU); adapted step size 0.379, control variate: True, ...
-    NUTS(model), full data: 1,000 iterations in 39.1 s wall (38.9 s CPU); divergences: 0
+    SGHMC(model): 10,000 steps in 18.8 s wall (10.4 s CPU); adapted step size 0.352, control variate: True, ...
+    NUTS(model), full data: 1,000 iterations in 66.1 s wall (35.5 s CPU); divergences: 0
     ...
                                  wall time  max |mean err|  max |sd err|
-    SGHMC(model), minibatches        9.6 s        0.066 sd         4.6%
-    NUTS(model), full data          39.1 s        0.054 sd        12.0%
+    SGHMC(model), minibatches       18.8 s        0.060 sd         5.5%
+    NUTS(model), full data          66.1 s        0.054 sd        12.0%
 
-The errors are the same in every run (fixed seeds); the wall times varied over three runs from 9.2 to 9.6 s
-for SGHMC and from 37 to 43 s for NUTS, with other jobs on the machine. NUTS keeps 500 draws (after 500
-warmup iterations), with a bulk ESS of 163-1,349 over the parameters against 1,094-1,310 for SGHMC's
-8,000 draws: its sds are estimated from fewer effective draws, and more draws would cost proportionally
-more time (``benchmarks/race_nuts.py`` races the two to a fixed accuracy, means and sds, on a logistic
-regression).
+The errors are the same in every run (fixed seeds); the wall times varied over three runs from 18.8 to
+26.3 s for SGHMC (10.4-12.6 s CPU) and from 64.5 to 66.1 s for NUTS (35.4-37.7 s CPU), with other jobs on
+the machine (a fourth run of the SGHMC side alone, at lower load, took 9.4 s wall and 9.3 s CPU; on a
+quieter machine, before the minibatch stream became keyed permutations: 9.2-9.6 s and 37-43 s wall). NUTS
+keeps 500 draws (after 500 warmup iterations), with a bulk ESS of 163-1,349 over the parameters against
+1,001-1,218 for SGHMC's 8,000 draws: its sds are estimated from fewer effective draws, and more draws would
+cost proportionally more time (``benchmarks/race_nuts.py`` races the two to a fixed accuracy, means and
+sds, on a logistic regression).
 
 The results are written as JSON to ``--out`` (a directory, default ``./quickstart_out``;
 ``quickstart_results.json`` inside it), or to ``--out`` itself when it ends in ``.json``.
