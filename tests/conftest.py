@@ -11,6 +11,23 @@ def float64():
     torch.set_default_dtype(old)
 
 
+@pytest.fixture
+def full_data_passes(monkeypatch):
+    """The full-data evaluations of the control variates' set-up and searches (each is N / B minibatch
+    evaluations), counted: the list grows by one per pass."""
+    from pyro_sgmcmc.kernels import control_variates
+
+    calls = []
+    original = control_variates.full_data_potential_and_grad
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(control_variates, "full_data_potential_and_grad", counted)
+    return calls
+
+
 # Tiny tensors: one thread avoids thread start-up costs (about 10x on a loaded 2-core machine).
 torch.set_num_threads(1)
 

@@ -215,21 +215,6 @@ def test_control_variate_bad_input():
 
 
 # ---------------------------------------------------------------------- control_variate="auto"
-def _counting_full_data_passes(monkeypatch):
-    """Count the full-data evaluations of the MAP searches (each is N / B minibatch evaluations)."""
-    from pyro_sgmcmc.kernels import control_variates
-
-    calls = []
-    original = control_variates.full_data_potential_and_grad
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(control_variates, "full_data_potential_and_grad", counted)
-    return calls
-
-
 def _first_sampling_step_uses_control_variate(record, calls=()):
     """A ``hook_fn`` recording, at each chain's first draw, whether it runs with a control variate (and
     how many full-data passes have been made so far)."""
@@ -241,13 +226,13 @@ def _first_sampling_step_uses_control_variate(record, calls=()):
     return hook
 
 
-def test_auto_control_variate_is_centred_at_the_map_and_kept_by_every_sequential_chain(monkeypatch):
+def test_auto_control_variate_is_centred_at_the_map_and_kept_by_every_sequential_chain(full_data_passes):
     """A concentrated posterior (N = 2,000, B = 20): the preliminary centre already helps, the search goes on
     to the mode, and every chain of a sequential ``pyro.infer.MCMC`` run keeps the control variate (the later
     chains reuse the MAP found by the first instead of searching again)."""
     from pyro.infer import MCMC as PyroMCMC
 
-    calls = _counting_full_data_passes(monkeypatch)
+    calls = full_data_passes
     model, _, _, mean, cov = make_problem(2_000, 20)
     pyro.set_rng_seed(0)
     kernel = SGHMC(model)
@@ -266,11 +251,11 @@ def test_auto_control_variate_is_centred_at_the_map_and_kept_by_every_sequential
     assert float(offset) < 0.5, float(offset)
 
 
-def test_auto_control_variate_skips_the_full_search_where_it_cannot_help(monkeypatch):
+def test_auto_control_variate_skips_the_full_search_where_it_cannot_help(full_data_passes):
     """A posterior that is not concentrated (a tanh network on N = 1,000 points, B = 100): the preliminary
     centre does not lower the gradient variance, so neither the full MAP search (hundreds of full-data passes
     for a network) nor the control variate is run."""
-    calls = _counting_full_data_passes(monkeypatch)
+    calls = full_data_passes
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1_000, 2, generator=g)
     y = torch.sin(3 * x[:, 0]) * torch.cos(2 * x[:, 1]) + 0.3 * torch.randn(1_000, generator=g)

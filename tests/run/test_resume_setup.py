@@ -15,7 +15,6 @@ from pyro.infer.autoguide.initialization import init_to_uniform
 
 from pyro_sgmcmc import MCMC, SGHMC, ModelPotential
 from pyro_sgmcmc.checkpoint import CheckpointMismatch
-from pyro_sgmcmc.kernels import control_variates
 
 SETTINGS = dict(num_samples=30, warmup_steps=40, num_chains=4, num_superchains=2, chain_method="vectorized", seed=3)
 INIT_CALLS = []
@@ -42,20 +41,6 @@ def data():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1_000, 2, generator=g)
     return x, x @ torch.tensor([0.7, -1.2]) + 0.5 * torch.randn(1_000, generator=g)
-
-
-@pytest.fixture
-def full_data_passes(monkeypatch):
-    """The full-data evaluations of the control variate's set-up (MAP search and centre), counted."""
-    calls = []
-    original = control_variates.full_data_potential_and_grad
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(control_variates, "full_data_potential_and_grad", counted)
-    return calls
 
 
 #: the control variate's settings: a MAP search, or a given centre (one full-data pass there) the chains start at
