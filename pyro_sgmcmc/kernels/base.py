@@ -48,10 +48,14 @@ __all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError", "DivergenceWarning"
 StepSize = Union[None, float, Schedule, Callable[[int], float]]
 #: The step size ``step_size=None`` stands for (an initial value that the warmup adapts, by default).
 DEFAULT_STEP_SIZE = 1e-3
+#: :meth:`SGMCMCKernel.logging` formats its figures afresh at least this often (in steps).
+LOGGING_EVERY = 25
 
 
 class SGMCMCKernel(BatchedChains, MCMCKernel):
     """Base class of the stochastic-gradient kernels; see :class:`~pyro_sgmcmc.SGLD` for the arguments."""
+
+    _logging_cache: Optional[tuple] = None  # (step, phase, divergences, what logging() shows)
 
     #: Builds the potential as ``potential_factory(model, args, kwargs, init_strategy=..., num_data=...,
     #: jit_compile=...)``: a hook (:func:`pyro_sgmcmc.distributed.data_parallel` puts an all-reduced potential here).
@@ -229,15 +233,26 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         return self._params
 
     def logging(self) -> "OrderedDict[str, str]":
-        """Shown in the progress bar: phase, step size, mean minibatch log density, divergences so far."""
-        return OrderedDict(
+        """Shown in the progress bar: phase, step size, mean minibatch log density, divergences so far.
+
+        :class:`pyro.infer.MCMC` asks for it after every step, progress bar or not (then JSON-encodes and logs
+        it): the figures are formatted afresh when the phase or the divergence count changes and otherwise
+        every ``LOGGING_EVERY`` steps, not at every step (a progress bar shows a few a second at most)."""
+        step = self.state.step if self.state is not None else 0
+        phase, count = self.phase, self.num_divergences
+        cached = self._logging_cache
+        if cached is not None and cached[1:3] == (phase, count) and 0 <= step - cached[0] < LOGGING_EVERY:
+            return cached[3]
+        shown = OrderedDict(
             [
-                ("phase", self.phase),
+                ("phase", phase),
                 ("step size", f"{_mean(self._last_step_size):.2e}"),
                 ("lp", f"{-_mean(self.state.potential):.4g}"),
-                ("div", str(self.num_divergences)),
+                ("div", str(count)),
             ]
         )
+        self._logging_cache = (step, phase, count, shown)
+        return shown
 
     def diagnostics(self) -> dict:
         """Pyro's protocol (first chain): ``divergences`` holds the indices of the divergent *draws*."""
