@@ -6,6 +6,7 @@ import torch
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD
 from pyro_sgmcmc.chains.streams import ChainGenerators
+from pyro_sgmcmc.kernels.base import LOGGING_EVERY
 
 
 def _model(y):
@@ -73,23 +74,36 @@ def test_divergence_count_survives_a_checkpoint():
 
 def test_pyro_mcmc_draws_are_the_kernel_trajectory():
     """pyro.infer.MCMC's draws (through sample()'s one-chain unpack) are the kernel's own positions, and
-    logging() reports the state's log density."""
+    logging() reports the state's log density as of its last refresh: pyro.infer.MCMC asks for it after every
+    step, and it formats its figures afresh every LOGGING_EVERY steps (here at steps 1, 26, 51), not at each."""
     y = torch.randn(20)
     pyro.set_rng_seed(0)
     kernel = SGHMC(_model, step_size=1e-2)
-    positions = []
-    mcmc = pyro.infer.MCMC(
-        kernel, num_samples=5, warmup_steps=0, disable_progbar=True,
-        hook_fn=lambda k, *_: positions.append(k.state.position[0].clone()),
-    )  # fmt: skip
+    positions, shown, actual = [], {}, {}
+
+    def hook(k, *_):
+        positions.append(k.state.position[0].clone())
+        shown[k.state.step] = k.logging()["lp"]
+        actual[k.state.step] = f"{-float(k.state.potential):.4g}"
+
+    mcmc = pyro.infer.MCMC(kernel, num_samples=60, warmup_steps=0, disable_progbar=True, hook_fn=hook)
     mcmc.run(y)
     assert torch.equal(mcmc.get_samples()["mu"], torch.stack(positions))
-    assert float(kernel.logging()["lp"]) == float(f"{-float(kernel.state.potential):.4g}")
-    batched = MCMC(SGHMC(_model, step_size=1e-2), num_samples=3, num_chains=2, chain_method="vectorized", seed=0,
-                   disable_progbar=True)  # fmt: skip
-    batched.run(y)
-    lp = batched.kernel.logging()["lp"]
-    assert float(lp) == float(f"{-float(batched.kernel.state.potential.mean()):.4g}")
+    assert LOGGING_EVERY == 25 and sorted(shown) == list(range(1, 61))
+    for step, lp in shown.items():
+        assert lp == actual[1 + LOGGING_EVERY * ((step - 1) // LOGGING_EVERY)], step
+    assert len(set(shown.values())) == 3  # refreshed at steps 1, 26 and 51, each time to the state's value
+    run = dict(num_samples=30, warmup_steps=0, num_chains=2, chain_method="vectorized", seed=0)
+    batched = MCMC(SGHMC(_model, step_size=1e-2), disable_progbar=False, **run)
+    batched.run(y)  # its progress bar asks for logging() at every step of so short a run
+    means = {}
+
+    def mean_hook(k, *_):
+        means[k.state.step] = f"{-float(k.state.potential.mean()):.4g}"
+
+    again = MCMC(SGHMC(_model, step_size=1e-2), disable_progbar=True, hook_fn=mean_hook, **run)
+    again.run(y)  # the same run (same seed): its states' mean log densities
+    assert batched.kernel.logging()["lp"] == means[26]  # the last refresh of a 30-step run
 
 
 def test_diffusions_scale_the_drift_in_their_pass_and_fill_given_buffers():
