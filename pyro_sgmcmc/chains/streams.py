@@ -67,17 +67,6 @@ class ChainGenerators:
             row.normal_(generator=generator)
         return out
 
-    def permutation(self, chain: int, n: int) -> torch.Tensor:
-        """A uniform random permutation of ``range(n)`` from chain ``chain``'s stream (local index)."""
-        return torch.randperm(n, generator=self.generators[chain], device=self.device)
-
-    def integers(self, high: int, shape: Sequence[int]) -> torch.Tensor:
-        """Uniform integers in ``[0, high)`` of shape ``(num_chains, *shape)``, each chain from its own stream."""
-        out = torch.empty((len(self.generators), *shape), dtype=torch.long, device=self.device)
-        for row, generator in zip(out, self.generators):
-            row.random_(0, high, generator=generator)
-        return out
-
     def plate_words(self, plate: str, count: int) -> torch.Tensor:
         """``count`` 31-bit integers per chain determined by ``(seed, chain id, plate)`` only, ``(num_chains,
         count)`` LongTensor: the root of chain ``c``'s minibatch stream of the subsampled plate ``plate``.

@@ -70,7 +70,6 @@ __all__ = [
     "AUTO_MAP_ITERATIONS",
     "CENTRE_TOLERANCE",
     "SLOW_MIXING_FRACTION",
-    "gradient_variance",
     "minibatch_gradients",
     "MIN_ADAPTATION_WARMUP",
     "MAX_DELTA_ENERGY",
@@ -239,8 +238,3 @@ def minibatch_gradients(evaluate, position: torch.Tensor, minibatches, count: in
     """``(count, C, D)``: the minibatch gradients at ``position`` on ``count`` successive minibatches."""
     return torch.stack([evaluate(position, minibatches.next())[1] for _ in range(count)])
 
-
-def gradient_variance(evaluate, position: torch.Tensor, minibatches) -> torch.Tensor:
-    """Per-coordinate variance ``(C, D)`` of the minibatch gradient at ``position`` over a few minibatches."""
-    variance = minibatch_gradients(evaluate, position, minibatches).var(0)
-    return torch.where(torch.isfinite(variance), variance, torch.zeros_like(variance))
