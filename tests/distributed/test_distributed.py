@@ -349,22 +349,6 @@ def moments_job():
     return mcmc.get_samples(group_by_chain=True)["w"]
 
 
-def _moments_and_errors(draws: np.ndarray):
-    """Per coordinate: mean, variance, their Monte Carlo standard errors (ArviZ ESS over all chains).
-
-    The SE of the variance uses the Gaussian formula ``var * sqrt(2 / ESS)``: the draws are
-    Gaussian to a good approximation (linear dynamics, Gaussian noise) and the ESS of ``w`` itself
-    is smaller than that of ``(w - mean)^2`` (autocorrelation rho^k against rho^(2k)), so it is
-    conservative.
-    """
-    import arviz as az
-
-    ess = np.array([az.ess(draws[..., i]) for i in range(draws.shape[-1])])
-    flat = draws.reshape(-1, draws.shape[-1])
-    mean, var = flat.mean(0), flat.var(0, ddof=1)
-    return mean, var, np.sqrt(var / ess), var * np.sqrt(2 / ess), ess
-
-
 @pytest.mark.slow
 def test_data_parallel_posterior_moments_match_one_process_run(float64):
     """Conjugate regression, shards of 100, B_r = 20 per rank, 64 SGLD chains x 1000 draws."""

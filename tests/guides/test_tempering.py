@@ -30,14 +30,7 @@ from tests.guides.test_vi import (
     tempered_target,
 )
 
-pytestmark = pytest.mark.usefixtures("float64")
-
-
-@pytest.fixture(autouse=True)
-def clean_param_store():
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("float64", "clean_param_store")
 
 
 @pytest.mark.parametrize("temperature", [0.25, 1.0, 4.0])

@@ -32,14 +32,7 @@ from pyro_sgmcmc import ModelError
 from pyro_sgmcmc.guides import AutoDiagVI
 from pyro_sgmcmc.guides.vi import DEFAULT_INIT_SCALE, TemperedELBO
 
-pytestmark = pytest.mark.usefixtures("float64")
-
-
-@pytest.fixture(autouse=True)
-def clean_param_store():
-    pyro.clear_param_store()
-    yield
-    pyro.clear_param_store()
+pytestmark = pytest.mark.usefixtures("float64", "clean_param_store")
 
 
 # ---------------------------------------------------------------------- the conjugate oracle
