@@ -141,7 +141,12 @@ class MinibatchSampler:
             )
         self.plates = [p for p in plates if not p.user_indices]  # the model draws the others itself
         self.generators = generators
-        self.draw_ahead = DRAW_AHEAD if draw_ahead is None else int(draw_ahead)
+        bad = isinstance(draw_ahead, bool) or not isinstance(draw_ahead, int) or draw_ahead < 1
+        if draw_ahead is not None and bad:
+            raise ValueError(
+                f"draw_ahead must be None or a positive integer (positions per evaluation); got {draw_ahead!r}"
+            )
+        self.draw_ahead = DRAW_AHEAD if draw_ahead is None else draw_ahead
         num_chains, device = len(generators), generators.device
         self.bases = {p.name: _key_bases(generators, p.name) for p in self.plates}
         self.positions: Dict[str, torch.Tensor] = {
