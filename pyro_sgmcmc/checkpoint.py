@@ -12,7 +12,8 @@ A checkpoint is two things:
 The minibatch streams are keyed permutations (:mod:`pyro_sgmcmc.chains.minibatch`): their state in the
 index is a few integers per chain and plate (keys, positions, cursors, epochs), not a table, so
 there is no other file. (Format 2 also wrote the minibatch permutation tables, ``blob-<sha256>.pt``;
-such a checkpoint is refused, naming its format.)
+such a checkpoint is refused, naming its format; so is a format-3 checkpoint, which held a ``torch.Generator``
+state per chain: the noise is now keyed Philox, whose state is the seed, the chain ids and the step.)
 
 A write costs ``O(k)`` for the ``k`` steps since the previous one: one new chunk and the small index
 (the kernel's state does not grow with the run). Each file is written to ``<name>.tmp``, flushed,
@@ -53,8 +54,14 @@ __all__ = [
     "CheckpointMismatch",
 ]
 
-#: 3: no permutation table files (2 wrote them, ``blob-<sha256>.pt``, and named them in the index).
-FORMAT_VERSION = 3
+#: 4: no generator states (the noise is keyed Philox: its state is the seed, chain ids and step); 3 held a
+#: ``torch.Generator`` state per chain; 2 also wrote permutation table files (``blob-<sha256>.pt``).
+FORMAT_VERSION = 4
+#: Why a checkpoint of an earlier format cannot be continued, by its version.
+_EARLIER_FORMATS = {
+    2: "with minibatch permutation tables, whose minibatch streams this version does not continue",
+    3: "with a torch.Generator state per chain, whose noise streams this version (keyed Philox) does not continue",
+}
 _SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
 
@@ -303,8 +310,7 @@ def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
         earlier = (
-            " (written by an earlier pyro_sgmcmc, with minibatch permutation tables, whose minibatch streams this "
-            "version does not continue)"
+            f" (written by an earlier pyro_sgmcmc, {_EARLIER_FORMATS.get(version, 'an older format')})"
             if isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION
             else ""
         )

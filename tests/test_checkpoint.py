@@ -284,7 +284,21 @@ def test_a_checkpoint_of_the_table_format_is_refused_naming_its_version(interrup
     message = rf"has format 2, expected {FORMAT_VERSION} \(written by an earlier pyro_sgmcmc, with minibatch"
     with pytest.raises(CheckpointMismatch, match=message):
         script.run(checkpoint=path, every=10)
-    assert FORMAT_VERSION == 3
+    assert FORMAT_VERSION == 4
+
+
+def test_a_checkpoint_of_the_generator_format_is_refused_naming_its_version(interrupted_files, tmp_path):
+    """A format-3 checkpoint (a ``torch.Generator`` state per chain under ``kernel/generators``) is refused with
+    its version and the reason: the noise is keyed Philox now, and those states cannot continue it."""
+
+    def format_3(saved):
+        saved["format_version"] = 3
+        saved["kernel"]["generators"] = [torch.Generator().get_state()]
+
+    path = _edit(interrupted_files, tmp_path, format_3, recompute=True)
+    message = rf"has format 3, expected {FORMAT_VERSION} \(written by an earlier pyro_sgmcmc, with a torch.Generator"
+    with pytest.raises(CheckpointMismatch, match=message):
+        script.run(checkpoint=path, every=10)
 
 
 class _RunsCode:

@@ -112,8 +112,8 @@ def recorder(monkeypatch):
     record = {"noise": [], "indices": []}
     fill_normal, next_indices = ChainGenerators.fill_normal, MinibatchSampler.next
 
-    def recording_fill_normal(self, out):  # every draw (ChainGenerators.normal fills through it too)
-        out = fill_normal(self, out)
+    def recording_fill_normal(self, out, **options):  # every draw (ChainGenerators.normal fills through it too)
+        out = fill_normal(self, out, **options)
         record["noise"].append(out.clone())  # the kernel's noise buffer is refilled at the next step
         return out
 
@@ -169,8 +169,7 @@ def test_draws_state_noise_and_minibatches_follow_the_data(runner, kernel_name, 
         assert batch.dtype == torch.long and _same_device(batch, device) and batch.shape == (num_chains, 5)
         assert int(batch.min()) >= 0 and int(batch.max()) < 20
     assert _same_device(torch.empty(0, device=kernel.generators.device), device)
-    for generator in kernel.generators.generators:
-        assert generator.device.type == torch.device(device).type
+    assert _same_device(kernel.generators.normal((1,), torch.float32, step=0), device)  # keys on the device
     # the minibatch streams' state (keyed permutations: per chain, the keys of the current epoch and the position
     # in the permutation's domain) is integer, on the chains' device
     minibatches = kernel.minibatches
@@ -326,7 +325,7 @@ def test_float64_checkpoint_resume_is_bit_identical(tmp_path):
 
 # ---------------------------------------------------------------------- devices
 def _kernel_tensors(kernel: SGMCMCKernel):
-    """Every tensor a set-up kernel keeps per chain (not the generators' CPU byte states)."""
+    """Every tensor a set-up kernel keeps per chain."""
     found = {f"state.{k}": v for k, v in kernel.state._asdict().items() if isinstance(v, torch.Tensor)}
     for name in ("_num_warmup_divergences", "_num_divergences", "_last_diverging", "_frozen"):
         value = getattr(kernel, name, None)

@@ -281,7 +281,6 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         state = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in self.state.as_dict().items()}
         out = {
             "state": state,
-            "generators": [g.cpu() for g in self.generators.get_state()],
             "seed": self.generators.seed,
             "chain_ids": list(self.generators.chain_ids),
             "minibatches": self.minibatches.state_dict(),
@@ -304,7 +303,6 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
             )
         self.state = SGMCMCState(**fields)
         self.generators = ChainGenerators(saved["seed"], saved["chain_ids"], device)
-        self.generators.set_state(saved["generators"])
         self.minibatches = MinibatchSampler(self.potential.subsample_plates, self.generators)
         self.minibatches.load_state_dict(saved["minibatches"])
         self.divergence_record.load_state_dict(saved, device)

@@ -2,7 +2,8 @@
 
 The chains' state carries a leading chain axis (``position`` is ``(num_chains, dim)``); each chain draws its own
 noise and minibatches (:class:`~pyro_sgmcmc.chains.streams.ChainGenerators`,
-:class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler`), so chain ``c``'s draws depend only on ``(seed, c)``.
+:class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler`), so chain ``c``'s draws depend only on ``(seed, c)``
+(and the step: the noise of step ``t`` is the chains' keyed draw ``t``).
 
 Step order. Set-up evaluates the potential :math:`U` and its gradient at the initial point. Each step then
 (1) draws the injected noise, (2) moves with the gradient cached from the previous evaluation
@@ -68,7 +69,8 @@ class BatchedChains:
         if how == "zero" or self.noise_temperature == 0:
             return torch.zeros_like(position)
         # The stationary momentum of the tempered dynamics: N(0, mass * T / N), from each chain's stream.
-        return self.generators.normal(position.shape[1:], position.dtype) * math.sqrt(mass * self.noise_temperature)
+        draw = self.generators.normal(position.shape[1:], position.dtype, step=0, purpose="init_momentum")
+        return draw * math.sqrt(mass * self.noise_temperature)
 
     # ------------------------------------------------------------------ model, starting points, gradients
     def ensure_potential(self, args: tuple, kwargs: Optional[dict]) -> ModelPotential:
@@ -247,7 +249,7 @@ class BatchedChains:
         step_size = self.step_size(state.step) if warmup.chain_step_size is None else warmup.chain_step_size
         # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
         # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
-        noise = self.generators.fill_normal(self._noise) if self._noise is not None else None
+        noise = self.generators.fill_normal(self._noise, step=state.step) if self._noise is not None else None
         if warmup.preconditioned:  # the same update in w = L^-1 z (see kernels/preconditioning.py)
             position, momentum, thermostat = warmup.transition(
                 state, state.grad, step_size, noise, -self._inverse_num_data

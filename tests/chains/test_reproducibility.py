@@ -94,8 +94,8 @@ def test_noise_and_minibatches_of_chain_3_do_not_depend_on_the_other_chains():
         generators = ChainGenerators(5, range(num_chains))
         sampler = MinibatchSampler([SubsamplePlate("data", 97, BATCH), SubsamplePlate("other", 3000, 7)], generators)
         noise, indices = [], []
-        for _ in range(steps):
-            noise.append(generators.normal((3,), torch.float32)[3])
+        for step in range(steps):
+            noise.append(generators.normal((3,), torch.float32, step=step)[3])
             batch = sampler.next()
             indices.append(torch.cat([batch["data"][3], batch["other"][3]]))
         return torch.stack(noise), torch.stack(indices)

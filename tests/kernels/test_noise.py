@@ -2,7 +2,7 @@
 
 Two exact checks, in float64 on a full-batch model (so the global generator feeds only the noise):
 
-* one step: the chain draws ``zeta`` from its own generator (``kernel.generators``);
+* one step: the chain draws ``zeta``, its keyed draw of the step (``kernel.generators.normal(..., step=t)``);
   the new state must equal the update equation evaluated by hand with that zeta, for several T.
 * many steps on a Gaussian target: SGLD and SGHMC are then linear recursions, so with the same seed
   ``z_t(T) - z_t(0)`` is ``sqrt(T)`` times the same noise response; ``(z_t(T) - z_t(0)) / sqrt(T)``
@@ -50,10 +50,7 @@ def test_one_step_noise_scale(float64, temperature):
             position=state.position[0], momentum=None if state.momentum is None else state.momentum[0]
         )
         drift = -before.grad[0] / NUM_DATA
-        generator = kernel.generators.generators[0]  # the chain's own stream
-        saved = generator.get_state()
-        zeta = torch.empty(2).normal_(generator=generator)
-        generator.set_state(saved)
+        zeta = kernel.generators.normal((2,), torch.float64, step=state.step)[0]  # the chain's draw of this step
         kernel.sample(kernel.initial_params)
         after = kernel.state.replace(position=kernel.state.position[0])
         if after.momentum is not None:

@@ -62,9 +62,8 @@ def test_preconditioned_update_is_exact(kernel_cls, full_mass):
     for _ in range(11):
         kernel.step()
     state, factor = kernel.state, kernel.warmup.adaptation.factor
-    streams = ChainGenerators(kernel.generators.seed, kernel.generators.chain_ids)
-    streams.set_state(kernel.generators.get_state())
-    zeta = streams.normal(state.position.shape[1:], state.position.dtype)
+    streams = ChainGenerators(kernel.generators.seed, kernel.generators.chain_ids)  # the same keys
+    zeta = streams.normal(state.position.shape[1:], state.position.dtype, step=state.step)
     assert kernel.phase == "adaptation"
     eps, n = kernel.warmup.chain_step_size.clone(), kernel.potential.num_data  # (C, 1): one step size per chain
     assert eps.shape == (3, 1)
