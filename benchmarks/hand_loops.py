@@ -50,13 +50,15 @@ class HandChains:
             \\xi' = \\xi + \\epsilon (m' \\cdot m' / (\\sigma^2 D) - T / N)
 
     (the package's temperature is per datum: its noise temperature is :math:`T / N`). One ``torch.Generator``
-    per chain seeded with ``chain_seed(seed, c)``, the noise drawn from it row by row; minibatches walking
+    per chain seeded with ``chain_seed(seed, c)``, the noise drawn from it row by row (a user's loop calling
+    ``normal_``; with ``minibatches="package"`` the package's keyed noise instead); minibatches walking
     through each chain's epoch permutation, the next epoch begun when fewer than ``B`` indices remain. The
     permutations: ``minibatches="randperm"`` (default), ``torch.randperm(N)`` per chain per epoch from that
     chain's generator (a user's loop; the noise then differs from the package's); ``minibatches="package"``,
     the package's keyed permutation of plate ``plate`` (:func:`pyro_sgmcmc.chains.minibatch.epoch_orders`, a
-    function of ``(seed, chain, plate, epoch)``, whole epochs evaluated at once; the generators then give
-    the noise only, so both streams are the package's). The step order is the kernels': noise, move with the
+    function of ``(seed, chain, plate, epoch)``, whole epochs evaluated at once), and the noise the package's
+    keyed draws (:meth:`~pyro_sgmcmc.chains.streams.ChainGenerators.fill_normal` at the step), so both streams
+    are the package's. The step order is the kernels': noise, move with the
     cached gradient, new minibatch, new gradient. ``in_place=True`` writes the SGHMC update as fused in-place
     operations (the fastest hand form); ``keep_draws`` also keeps a copy of every position, as an MCMC run
     that returns its draws must.
@@ -91,13 +93,13 @@ class HandChains:
         self.num_chains, self.dim = initial_position.shape
         self.generators = [torch.Generator().manual_seed(chain_seed(seed, c)) for c in range(self.num_chains)]
         self.minibatches, self.plate = minibatches, plate
-        if minibatches == "package":  # keys from (seed, chain, plate, epoch); the generators give the noise only
+        if minibatches == "package":  # keys from (seed, chain, plate, epoch), the noise from (seed, chain, step)
             from pyro_sgmcmc.chains.minibatch import epoch_orders
             from pyro_sgmcmc.chains.streams import ChainGenerators
 
             self.streams, self.epoch_orders = ChainGenerators(seed, range(self.num_chains)), epoch_orders
         self.order = torch.empty((self.num_chains, num_data), dtype=torch.long)
-        self.epoch, self.cursor = 0, num_data
+        self.epoch, self.cursor, self.steps = 0, num_data, 0
         self.position = initial_position.clone()
         self.momentum = torch.zeros_like(self.position)
         self.thermostat = torch.full((self.num_chains,), friction, dtype=self.position.dtype)
@@ -129,6 +131,8 @@ class HandChains:
 
     def noise(self) -> torch.Tensor:
         out = self.noise_buffer if self.in_place else torch.empty_like(self.position)
+        if self.minibatches == "package":  # the package's keyed draw of this step
+            return self.streams.fill_normal(out, step=self.steps)
         for row, generator in zip(out, self.generators):
             row.normal_(generator=generator)
         return out
@@ -152,6 +156,7 @@ class HandChains:
                 kinetic = (self.momentum * self.momentum).sum(-1) / (self.mass * self.dim)
                 self.thermostat = self.thermostat + eps * (kinetic - self.temperature / n)
         self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
+        self.steps += 1
         if self.draws is not None:
             self.draws.append(self.position.clone())
 

@@ -78,7 +78,7 @@ def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat:
     idx = kernel.minibatches.next()
     pos, grad = state.position, state.grad
     drift = grad * (-1.0 / kernel.potential.num_data)
-    noise = kernel.generators.normal(pos.shape[1:], pos.dtype)
+    noise = kernel.generators.normal(pos.shape[1:], pos.dtype, step=state.step)
     plain = plain_vmap_potential(x, y, num_inputs)
     steps_per_epoch = x.shape[0] // vc.BATCH
     two = {name: v[:2] for name, v in idx.items()}
@@ -149,8 +149,8 @@ def profile_components(x, y, init: torch.Tensor, seed: int, number: int, repeat:
         "prior, plain: -0.5 z.z, vmap(grad)": lambda: plain_prior_grad(pos),
         "likelihood, Pyro way: Categorical(logits).log_prob, fwd+bwd": categorical_grad,
         "likelihood, plain: gather - logsumexp, fwd+bwd": gather_lse_grad,
-        "ours: noise (ChainGenerators.fill_normal into the kernel's buffer, 256 generators)": lambda: (
-            kernel.generators.fill_normal(noise)
+        "ours: noise (ChainGenerators.fill_normal into the kernel's buffer, keyed Philox, 256 chains)": lambda: (
+            kernel.generators.fill_normal(noise, step=state.step)
         ),
         "hand: noise (256 generators)": hand.noise,
         "one global torch.randn of the same size (reference)": lambda: torch.randn(pos.shape),
@@ -220,7 +220,7 @@ def profile_python(x, y, init: torch.Tensor, seed: int, num_steps: int) -> dict:
     # Cumulative time (operators included) of the functions the question is about.
     wanted = {
         ("base.py", "step"): "SGMCMCKernel.step (everything)",
-        ("streams.py", "fill_normal"): "ChainGenerators.fill_normal (per-chain noise loop)",
+        ("streams.py", "fill_normal"): "ChainGenerators.fill_normal (keyed Philox draw, all chains at once)",
         ("minibatch.py", "next"): "MinibatchSampler.next (indices of the keyed permutations)",
         ("diffusions.py", "underdamped_step"): "underdamped_step (SGHMC update)",
         ("potential.py", "batched_potential_and_grad"): "batched_potential_and_grad (model, vmap, autograd)",

@@ -53,7 +53,7 @@ class PrototypeStep:
         k = self.kernel
         state = k.state
         eps = k.step_size(state.step)
-        noise = k.generators.normal(state.position.shape[1:], state.position.dtype)
+        noise = k.generators.normal(state.position.shape[1:], state.position.dtype, step=state.step)
         if self.fused_update:
             momentum = state.momentum.mul(1.0 - eps * k.friction / k.mass)
             momentum.add_(state.grad, alpha=-eps * self.inverse_num_data)
