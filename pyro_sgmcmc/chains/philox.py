@@ -27,7 +27,7 @@ normals by Box-Muller (:func:`normals`), each pair of uniforms :math:`(u, v)` gi
 in float32, two in float64, in that order.
 
 :class:`PhiloxNormals` evaluates a whole draw, every stream (key) at once, with a fixed number of tensor
-operations (about 80, whatever the number of streams and values), on the keys' device.
+operations (about 90, whatever the number of streams and values), on the keys' device.
 """
 
 from __future__ import annotations
@@ -37,7 +37,17 @@ from typing import Dict, Tuple, Union
 
 import torch
 
-__all__ = ["MULTIPLIERS", "ROUNDS", "WEYL", "PhiloxNormals", "mulhilo", "normals", "philox4x32", "uniforms"]
+__all__ = [
+    "DRAW_AHEAD_BLOCKS",
+    "MULTIPLIERS",
+    "ROUNDS",
+    "WEYL",
+    "PhiloxNormals",
+    "mulhilo",
+    "normals",
+    "philox4x32",
+    "uniforms",
+]
 
 #: The round multipliers :math:`M_0, M_1` and the key increments (Weyl constants) :math:`W_0, W_1`.
 MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
@@ -46,6 +56,8 @@ WEYL = (0x9E3779B9, 0xBB67AE85)
 ROUNDS = 10
 _MASK = 0xFFFFFFFF
 _TWO_PI = 2.0 * math.pi
+#: An int step's evaluation covers the next steps too while ``steps x streams x blocks`` stays under this.
+DRAW_AHEAD_BLOCKS = 2**14
 #: per dtype: (normals per block, bits dropped from a word for float32 / from the high word for float64)
 _LAYOUT = {torch.float32: (4, 9), torch.float64: (2, 12)}
 
@@ -105,43 +117,47 @@ def normals(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _check_step(step: Step) -> None:
-    """``step`` is an int in ``[0, 2^63)`` or a 0-d int64 tensor (whose value is not read: no synchronisation)."""
+    """``step`` is an int in ``[0, 2^62)`` or a 0-d int64 tensor (whose value is not read: no synchronisation)."""
     if torch.is_tensor(step):
         if step.dim() != 0 or step.dtype != torch.long:
             raise ValueError(
                 f"step must be an int or a 0-d int64 tensor; got a {step.dtype} tensor of shape {tuple(step.shape)}"
             )
-    elif isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 63:
-        raise ValueError(f"step must be an int in [0, 2^63) or a 0-d int64 tensor; got {step!r}")
+    elif isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 62:
+        raise ValueError(f"step must be an int in [0, 2^62) or a 0-d int64 tensor; got {step!r}")
 
 
 class _Scratch:
-    """The buffers of one draw's shape, ``blocks`` Philox blocks for each of ``streams`` keys, and their lanes
-    (views made once: a view is an operation too)."""
+    """The buffers of draws of one shape, ``blocks`` Philox blocks for each of ``streams`` keys at ``steps``
+    consecutive steps, and their lanes (views made once: a view is an operation too). Layout
+    ``(lane, step, stream, block)``; :attr:`first` is the first step whose draws :attr:`staging` holds."""
 
-    def __init__(self, streams: int, blocks: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, streams: int, blocks: int, steps: int, dtype: torch.dtype, device: torch.device):
         words = {"dtype": torch.long, "device": device}
-        self.blocks, self.dtype = blocks, dtype
-        # the counter of round 0, the same for every stream: lanes (x0, x2) = (block, step high), (x3, x1) = (0, low)
-        self.counter_a = torch.empty((2, 1, blocks), **words)
-        self.counter_a[0, 0] = torch.arange(blocks, device=device)
-        self.counter_b = torch.zeros((2, 1, 1), **words)
+        self.blocks, self.steps, self.dtype, self.first = blocks, steps, dtype, None
+        self.offsets = torch.arange(steps, **words).view(steps, 1, 1)
+        self.step_words = (torch.empty_like(self.offsets), torch.empty_like(self.offsets))
+        # the counters of round 0, the same for every stream: lanes (x0, x2) = (block, step high), (x3, x1) = (0, low)
+        self.counter_a = torch.empty((2, steps, 1, blocks), **words)
+        self.counter_a[0] = torch.arange(blocks, device=device)
+        self.counter_b = torch.zeros((2, steps, 1, 1), **words)
         self.step_high, self.step_low = self.counter_a[1], self.counter_b[1]
         self.first_product, self.first_high = torch.empty_like(self.counter_a), torch.empty_like(self.counter_a)
         self.first_high_lanes = self.first_high.unbind(0)
         # the rounds on every stream: a = (x0, x2), h the high words, two products (x3, x1) taking turns
-        self.a, self.h = torch.empty((2, streams, blocks), **words), torch.empty((2, streams, blocks), **words)
+        shape = (2, steps, streams, blocks)
+        self.a, self.h = torch.empty(shape, **words), torch.empty(shape, **words)
         self.a_lanes, self.h_lanes = self.a.unbind(0), self.h.unbind(0)
         self.products = (torch.empty_like(self.a), torch.empty_like(self.a))
-        self.staging = torch.empty((streams, blocks, _LAYOUT[dtype][0]), dtype=dtype, device=device)
+        self.staging = torch.empty((steps, streams, blocks, _LAYOUT[dtype][0]), dtype=dtype, device=device)
         self.staging_values = self.staging.unbind(-1)
         # the float work reuses the int64 buffers free by then (float32: two lanes in half a buffer)
         if dtype == torch.float32:
-            self.radius, self.angle = self.a.view(-1).view(dtype).view(2, 2, streams, blocks).unbind(0)
-            self.cosine = self.products[0].view(-1).view(dtype)[: 2 * streams * blocks].view(2, streams, blocks)
+            self.radius, self.angle = self.a.view(-1).view(dtype).view(2, *shape).unbind(0)
+            self.cosine = self.products[0].view(-1).view(dtype)[: self.a.numel()].view(shape)
         else:
-            self.uniform = self.products[0].view(-1).view(dtype).view(2, streams, blocks)
-            self.radius, self.cosine = self.a.view(-1).view(dtype).view(2, streams, blocks).unbind(0)
+            self.uniform = self.products[0].view(-1).view(dtype).view(shape)
+            self.radius, self.cosine = self.a.view(-1).view(dtype).view(shape).unbind(0)
         self.radius_lanes, self.angle_lanes, self.cosine_lanes = (
             t.unbind(0) for t in (self.radius, getattr(self, "angle", self.radius), self.cosine)
         )
@@ -155,10 +171,13 @@ class PhiloxNormals:
     ``b`` the block's index within the row (blocks of 4 values in float32, 2 in float64; a row of ``D``
     values is the first ``D`` of its blocks).
 
-    So a row depends on its key, ``t`` and ``D`` only: not on the other rows, their number or order.
-    :meth:`fill` runs a fixed sequence of about 80 tensor operations over all rows together (none per
-    row), in buffers set up at the first draw of each shape and dtype; ``t`` may be a tensor on the device,
-    read there (no host synchronisation).
+    So a row depends on its key, ``t`` and ``D`` only: not on the other rows, their number or order. An
+    evaluation is a fixed sequence of about 90 tensor operations over all rows together (none per row), in
+    buffers set up at the first draw of each shape and dtype. A step given as a 0-d tensor is read on the
+    device (no host synchronisation) and evaluated alone. For a step given as an int, when the rows are few
+    (``streams x blocks`` under :data:`DRAW_AHEAD_BLOCKS`) the evaluation covers the next
+    ``DRAW_AHEAD_BLOCKS // (streams x blocks)`` steps too, and the draws of those steps are then copied
+    from it (one operation): the fixed cost of the operations is shared, the values are the same.
 
     Parameters
     ----------
@@ -174,26 +193,30 @@ class PhiloxNormals:
         weyl = torch.tensor(WEYL, device=keys.device)
         round_keys = (keys + rounds * weyl) & _MASK  # (ROUNDS, streams, 2): the key of each round
         self.round_keys = [(k[:, 0:1], k[:, 1:2]) for k in round_keys]  # (streams, 1) each: broadcast over blocks
-        self.last_key = round_keys[-1].T.flip(0).unsqueeze(-1).contiguous()  # (k1, k0) of the last round
-        self.multipliers = torch.tensor(MULTIPLIERS, device=keys.device).sub(1 << 32).view(2, 1, 1)
-        self._scratch: Dict[Tuple[torch.dtype, int], _Scratch] = {}
+        self.last_key = round_keys[-1].T.flip(0).view(2, 1, -1, 1).contiguous()  # (k1, k0) of the last round
+        self.multipliers = torch.tensor(MULTIPLIERS, device=keys.device).sub(1 << 32).view(2, 1, 1, 1)
+        self._scratch: Dict[Tuple[torch.dtype, int, int], _Scratch] = {}
 
-    def scratch(self, dtype: torch.dtype, values: int) -> _Scratch:
-        """The buffers for draws of ``values`` per stream in ``dtype`` (the last two shapes are kept)."""
+    def scratch(self, dtype: torch.dtype, values: int, steps: int = 1) -> _Scratch:
+        """The buffers for draws of ``values`` per stream in ``dtype``, ``steps`` at a time (the last two kept)."""
         if dtype not in _LAYOUT:
             raise ValueError(f"dtype must be torch.float32 or torch.float64; got {dtype}")
-        key = (dtype, values)
+        key = (dtype, values, steps)
         if key not in self._scratch:
             if len(self._scratch) >= 2:
                 del self._scratch[next(iter(self._scratch))]
-            blocks = -(-values // _LAYOUT[dtype][0])
-            self._scratch[key] = _Scratch(self.num_streams, blocks, dtype, self.device)
+            self._scratch[key] = _Scratch(self.num_streams, self.blocks(dtype, values), steps, dtype, self.device)
         return self._scratch[key]
+
+    @staticmethod
+    def blocks(dtype: torch.dtype, values: int) -> int:
+        """Philox blocks of a row of ``values`` draws in ``dtype``."""
+        return -(-values // _LAYOUT[dtype][0])
 
     def fill(self, out: torch.Tensor, step: Step) -> torch.Tensor:
         """Fill ``out`` (``(streams, ...)``, floating point) with the draw at ``step``; returns ``out``.
 
-        ``step``: an int in ``[0, 2^63)`` or a 0-d int64 tensor (read on the device). Draws in float32 and
+        ``step``: an int in ``[0, 2^62)`` or a 0-d int64 tensor (read on the device). Draws in float32 and
         float64 are made in their dtype, in other floating dtypes in float32 and rounded."""
         if out.dim() == 0 or out.shape[0] != self.num_streams:
             raise ValueError(f"out must have {self.num_streams} rows (one per stream); got {tuple(out.shape)}")
@@ -203,30 +226,38 @@ class PhiloxNormals:
         values = out[0].numel()
         if values == 0:
             return out
-        s = self.scratch(out.dtype if out.dtype in _LAYOUT else torch.float32, values)
-        per_block = _LAYOUT[s.dtype][0]
-        direct = out.dtype == s.dtype and out.is_contiguous() and values == s.blocks * per_block
-        target = out.view(self.num_streams, s.blocks, per_block).unbind(-1) if direct else s.staging_values
+        dtype = out.dtype if out.dtype in _LAYOUT else torch.float32
+        ahead = (
+            1 if torch.is_tensor(step) else max(1, DRAW_AHEAD_BLOCKS // (self.num_streams * self.blocks(dtype, values)))
+        )
+        s = self.scratch(dtype, values, ahead)
+        if s.first is not None and not torch.is_tensor(step) and 0 <= step - s.first < s.steps:  # drawn ahead
+            return self._copy(s, step - s.first, out, values)
+        per_block = _LAYOUT[dtype][0]
+        direct = s.steps == 1 and out.dtype == dtype and out.is_contiguous() and values == s.blocks * per_block
+        target = out.view(1, self.num_streams, s.blocks, per_block).unbind(-1) if direct else s.staging_values
         self._rounds(s, step)
         self._box_muller(s, target)
-        if not direct:
-            flat = s.staging.view(self.num_streams, -1)[:, :values]
-            if out.is_contiguous():
-                out.view(self.num_streams, values).copy_(flat)
-            else:
-                out.copy_(flat.reshape(out.shape))
+        s.first = None if direct or torch.is_tensor(step) else step
+        return out if direct else self._copy(s, 0, out, values)
+
+    def _copy(self, s: _Scratch, index: int, out: torch.Tensor, values: int) -> torch.Tensor:
+        """Copy the draws of step ``s.first + index`` from the staging buffer into ``out``."""
+        flat = s.staging[index].view(self.num_streams, -1)[:, :values]
+        if out.is_contiguous():
+            out.view(self.num_streams, values).copy_(flat)
+        else:
+            out.copy_(flat.reshape(out.shape))
         return out
 
     def _rounds(self, s: _Scratch, step: Step) -> None:
         """The ten rounds; after them ``s.h`` holds the words ``(x2, x0)`` and the last product ``(x3, x1)``
         (its low 32 bits). Lanes: ``a = (x0, x2)``; the products ``(p0, p2)`` hold ``(x3, x1)`` of the next
         round in their low words, unmasked (the mask is applied to ``a`` after the xor)."""
-        if torch.is_tensor(step):
-            s.step_high.copy_(step >> 32)
-            s.step_low.copy_(step & _MASK)
-        else:
-            s.step_high.fill_(step >> 32)
-            s.step_low.fill_(step & _MASK)
+        steps, shifted = s.step_words
+        torch.add(s.offsets, step, out=steps)  # the steps t, t + 1, ... evaluated together
+        s.step_high.copy_(torch.bitwise_right_shift(steps, 32, out=shifted))
+        torch.bitwise_and(steps, _MASK, out=s.step_low)
         # round 0 on the counter, which every stream shares; the keys spread it over the streams
         torch.mul(s.counter_a, self.multipliers, out=s.first_product)
         torch.bitwise_right_shift(s.first_product, 32, out=s.first_high)
