@@ -3,8 +3,11 @@
 A chain's noise is a function of ``(seed, chain id, purpose, step)`` and the draw's shape, nothing else: the
 same chain gives the same draws whether it runs alone, beside 3 or 400 other chains, in any order, or on another
 process. The generator is Philox4x32-10 (:mod:`pyro_sgmcmc.chains.philox`), evaluated for every chain in one
-fixed sequence of tensor operations (none per chain), so a step's noise costs the same number of operations for
-one chain as for 16,384, and a CUDA graph can replay it with the step counter on the device.
+fixed sequence of about 90 tensor operations (none per chain), so a step's noise costs the same number of
+operations for one chain as for 16,384, and a CUDA graph can replay it with the step counter on the device (a
+0-d tensor, read there). With few chains, a step given as an int is evaluated with the next ones
+(:data:`~pyro_sgmcmc.chains.philox.DRAW_AHEAD_BLOCKS`), which they then copy: the same values, a fraction of
+the fixed cost.
 
 **Keys.** Chain ``c``'s key for a purpose (:data:`PURPOSES`: ``"noise"``, the step's injected noise;
 ``"init_momentum"``, the starting momenta) is the first two words of Philox4x32-10 with the *root key* of the
