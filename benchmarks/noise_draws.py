@@ -3,8 +3,10 @@
 For ``C`` chains of ``D`` values (default ``D = 3151``, the small MLP of ``peers.py``; float32) it times, in
 one process and one torch thread, blocks interleaved so that background load hits them alike:
 
-* ``package``: ``ChainGenerators(0, range(C)).fill_normal(out, step=t)`` (or ``fill_normal(out)`` on a
-  version of the package before the keyed streams, so that the same script measures both);
+* ``package``: ``ChainGenerators(0, range(C)).fill_normal(out, step=t)`` at consecutive steps ``t`` (or
+  ``fill_normal(out)`` on a version of the package before the keyed streams, so that the same script measures
+  both); ``package, tensor step``: the same with ``t`` a 0-d tensor advanced in place (as a CUDA graph would
+  replay it: each draw evaluated alone, no drawing ahead);
 * ``hand randn``: what a hand-written loop does, one ``torch.Generator`` per chain and ``row.normal_`` per
   chain (at one chain the whole tensor at once);
 * ``one randn``: one ``torch.randn`` of the whole ``(C, D)`` (no per-chain streams: a lower bound).
@@ -50,6 +52,12 @@ def package_draw(generators: ChainGenerators, out: torch.Tensor):
     return lambda: generators.fill_normal(out)
 
 
+def package_draw_on_device(generators: ChainGenerators, out: torch.Tensor):
+    """``fill_normal`` with the step a 0-d tensor, advanced in place (keyed versions only)."""
+    step = torch.zeros((), dtype=torch.long)
+    return lambda: generators.fill_normal(out, step=step.add_(1))
+
+
 def hand_draw(num_chains: int, out: torch.Tensor):
     """A hand-written loop's noise: one generator per chain, drawn row by row (the whole tensor at one chain)."""
     generators = [torch.Generator().manual_seed(1000 + c) for c in range(num_chains)]
@@ -71,11 +79,12 @@ def measure(num_chains: int, dim: int, number: int, repeat: int) -> dict:
     with OperatorCount() as ops:
         package()
     single = torch.empty(num_chains, dim)
-    times = harness.interleaved_best_ms(
-        {"package": package, "hand randn": hand_draw(num_chains, out), "one randn": lambda: torch.randn(
-            num_chains, dim, out=single)},
-        number, repeat,
-    )  # fmt: skip
+    contenders = {"package": package, "hand randn": hand_draw(num_chains, out),
+                  "one randn": lambda: torch.randn(num_chains, dim, out=single)}  # fmt: skip
+    if "step" in inspect.signature(generators.fill_normal).parameters:
+        contenders["package, tensor step"] = package_draw_on_device(generators, out)
+        contenders["package, tensor step"]()  # its buffers (one step at a time) are set up apart
+    times = harness.interleaved_best_ms(contenders, number, repeat)
     return {"chains": num_chains, "dim": dim, "operators": ops.count, **{f"{k} ms": v for k, v in times.items()}}
 
 
