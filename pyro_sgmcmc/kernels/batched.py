@@ -2,8 +2,7 @@
 
 The chains' state carries a leading chain axis (``position`` is ``(num_chains, dim)``); each chain draws its own
 noise and minibatches (:class:`~pyro_sgmcmc.chains.streams.ChainGenerators`,
-:class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler`), so chain ``c``'s draws depend only on ``(seed, c)``
-(and the step: the noise of step ``t`` is the chains' keyed draw ``t``).
+:class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler`), so chain ``c``'s draws depend only on ``(seed, c)``.
 
 Step order. Set-up evaluates the potential :math:`U` and its gradient at the initial point. Each step then
 (1) draws the injected noise, (2) moves with the gradient cached from the previous evaluation
