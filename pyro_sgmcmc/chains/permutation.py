@@ -117,7 +117,8 @@ def mix31(value: torch.Tensor, key, multiplier, out: Optional[Tuple[torch.Tensor
     scratch) and no other tensor is allocated.
     """
     if out is None:
-        shape = torch.broadcast_shapes(value.shape, torch.as_tensor(key).shape, torch.as_tensor(multiplier).shape)
+        # broadcast_tensors, not broadcast_shapes: the latter imports sympy (seconds) on a process's first call
+        shape = torch.broadcast_tensors(value, torch.as_tensor(key), torch.as_tensor(multiplier))[0].shape
         out = (value.new_empty(shape), value.new_empty(shape))
     h, t = out
     torch.bitwise_xor(value, key, out=h)
