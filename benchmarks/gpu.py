@@ -8,6 +8,8 @@ There (the folder ``benchmarks/wheels`` carried along with the working tree), fr
 
     bash benchmarks/gpu_setup.sh install && export PYTHONPATH=/tmp/site:. && python3 benchmarks/gpu.py --out gpu.json
 
+(add ``--commit <hash>`` where the copy of the working tree there has no ``.git``: the JSON records it).
+
 On a CPU, as a smoke test (under a minute): ``python benchmarks/gpu.py --device cpu --tiny --out gpu.json``.
 
 Parts (each with its own time budget, ``--budget`` scaling all of them; a part that runs out keeps what it
@@ -360,7 +362,7 @@ def meta(device: torch.device, args) -> dict:
     cuda = device.type == "cuda"
     return {
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "git_commit": git_commit(),
+        "git_commit": args.commit or git_commit(),
         "sources_sha256": harness.package_fingerprint()["sources_sha256"],
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if cuda else None,
@@ -418,6 +420,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="cuda", help="torch device (default cuda)")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     parser.add_argument("--budget", type=float, default=1.0, help="scale of every part's time budget (default 1)")
+    parser.add_argument("--commit", help="the git commit measured, where the copy there has no .git (recorded)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
