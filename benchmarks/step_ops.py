@@ -55,6 +55,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import pyro_sgmcmc
 from pyro_sgmcmc import SGHMC, SGLD, SGNHT
 
 if __package__:  # imported as benchmarks.step_ops
@@ -65,7 +66,7 @@ else:  # run as a script: benchmarks/ is on sys.path
     import race_nuts
 
 KERNELS = {"SGLD": SGLD, "SGHMC": SGHMC, "SGNHT": SGNHT}
-PACKAGE_DIR = str(Path(harness.ROOT / "pyro_sgmcmc"))
+PACKAGE_DIR = str(Path(pyro_sgmcmc.__file__).parent)  # the package measured (PYTHONPATH may name another copy)
 #: Python calls that read a tensor back to the host
 READ_BACK = {"item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "cpu"}
 #: operators that hand a value to the host, or whose output shape depends on the data (the host waits for it)
@@ -233,9 +234,12 @@ def main(argv=None) -> int:
     if args.tiny:
         args.problems, args.chains, args.max_steps = ["mlp"], [1, 8], 3
     torch.set_num_threads(1)
-    results = {"machine": harness.machine_info(load=harness.load_average()), "package": harness.package_fingerprint(),
-               "method": "TorchDispatchMode (operators below autograd) + TorchFunctionMode (host reads)",
-               "configs": {}}  # fmt: skip
+    results = {
+        "machine": harness.machine_info(load=harness.load_average()),
+        "package": {**harness.package_fingerprint(), "measured": PACKAGE_DIR},
+        "method": "TorchDispatchMode (operators below autograd) + TorchFunctionMode (host reads)",
+        "configs": {},
+    }
     problems_left: List[str] = []
     rows = []
     for problem_name in args.problems:
