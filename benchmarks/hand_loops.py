@@ -8,6 +8,9 @@ from the package's own stream (``pyro_sgmcmc.chains.minibatch.epoch_orders``, th
 the loop reproduces the kernels' trajectories to round-off (the benchmarks check this before they time
 anything). Timing against the package's stream would hide the cost of the package's permutation code.
 
+:class:`DeviceHandSGHMC` is SGHMC for ``K`` chains written for an accelerator (one noise draw and one
+permutation draw for all chains, no host read in a step): ``gpu.py``'s baseline, eager and in a CUDA graph.
+
 ``python benchmarks/hand_loops.py --check`` runs the loops (``minibatches="package"``) against the package's
 SGLD, SGHMC and SGNHT on a small logistic regression (same start, same seed, fixed step size, no adaptation)
 and prints the largest position difference after 25 steps (two epochs of 10 minibatches begun: the streams
@@ -159,6 +162,75 @@ class HandChains:
         self.steps += 1
         if self.draws is not None:
             self.draws.append(self.position.clone())
+
+
+class DeviceHandSGHMC:
+    """SGHMC for ``K`` chains as one would write it for an accelerator: the baseline of ``gpu.py``.
+
+    The maths of :class:`HandChains` (SGHMC, fixed step :math:`\\epsilon`, friction :math:`\\alpha`, mass
+    :math:`\\sigma^2`, noise temperature :math:`T / N`), written so that a step issues the same few operators
+    whatever ``K`` and reads nothing back to the host:
+
+    * the noise of all chains in one draw from torch's default generator of the device (``normal_`` on a
+      buffer: a CUDA graph can replay it), seeded with ``torch.manual_seed(seed)``;
+    * each chain's minibatches walk through its own permutation of the data, all chains' permutations drawn
+      in one call per epoch (``torch.rand(K, N).argsort(-1)``: a uniformly random permutation per row; one
+      chain: ``torch.randperm``);
+    * the update as fused in-place operations on fixed buffers, the gradient by one ``torch.autograd.grad``.
+
+    :meth:`update` (one step on given indices) has static shapes and no host read: ``gpu.py`` captures ten of
+    them in a CUDA graph. ``energy(z, idx)`` as in :class:`HandChains`.
+    """
+
+    def __init__(
+        self, energy: Energy, num_data: int, batch_size: int, initial_position: torch.Tensor, seed: int,
+        step_size: float = 0.01, friction: float = 1.0, mass: float = 1.0, temperature: float = 1.0,
+    ):  # fmt: skip
+        torch.manual_seed(seed)
+        self.energy, self.num_data, self.batch_size = energy, num_data, batch_size
+        self.num_chains = initial_position.shape[0]
+        self.decay = 1.0 - step_size * friction / mass
+        self.drift = -step_size / num_data
+        self.noise_scale = math.sqrt(2.0 * step_size * friction * temperature / num_data)
+        self.move = step_size / mass
+        self.position = initial_position.clone()
+        self.momentum = torch.zeros_like(self.position)
+        self.noise = torch.empty_like(self.position)
+        self.order = torch.empty(0, dtype=torch.long, device=self.position.device)
+        self.cursor = num_data
+        self.potential, self.grad = self.potential_and_grad(self.position, self.next_indices())
+
+    def next_indices(self) -> torch.Tensor:
+        """The next ``(K, B)`` minibatch indices (a new permutation per chain at each epoch's start)."""
+        if self.cursor + self.batch_size > self.num_data:
+            device, n = self.position.device, self.num_data
+            if self.num_chains == 1:
+                self.order = torch.randperm(n, device=device).unsqueeze(0)
+            else:
+                self.order = torch.rand(self.num_chains, n, device=device).argsort(-1)
+            self.cursor = 0
+        idx = self.order[:, self.cursor : self.cursor + self.batch_size]
+        self.cursor += self.batch_size
+        return idx
+
+    def potential_and_grad(self, z: torch.Tensor, idx: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        with torch.enable_grad():
+            z = z.detach().requires_grad_(True)
+            energy = self.energy(z, idx)
+            (grad,) = torch.autograd.grad(energy.sum(), z)
+        return energy.detach(), grad
+
+    def update(self, idx: torch.Tensor) -> None:
+        """One step on minibatch ``idx``: noise, move with the cached gradient, new potential and gradient."""
+        self.noise.normal_()
+        self.momentum.mul_(self.decay).add_(self.grad, alpha=self.drift).add_(self.noise, alpha=self.noise_scale)
+        self.position.add_(self.momentum, alpha=self.move)
+        potential, grad = self.potential_and_grad(self.position, idx)
+        self.potential = potential
+        self.grad.copy_(grad)
+
+    def step(self) -> None:
+        self.update(self.next_indices())
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:

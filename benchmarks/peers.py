@@ -11,6 +11,9 @@ The same Bayesian MLP regression, the same data, minibatches of B = 128 out of N
 ``MCMC keep_last``
     One chain through ``pyro_sgmcmc.MCMC(..., chain_method="vectorized", keep_last=1)``: the run keeps only
     its final state, so it does what the hand loop does (nothing stored per step).
+``sgmcmc.MCMC``
+    One chain through ``pyro_sgmcmc.MCMC(SGHMC(model), num_samples=...)`` as the quickstart writes it (every
+    draw kept): the baseline is ``hand+draws``.
 ``kernel``
     The bare kernel: ``kernel.setup_chains(...)`` once, then ``kernel.step()`` (validation off, so compiled
     like ``MCMC``); ``kernel eager`` (one chain) the same with ``jit_compile=False``.
@@ -22,11 +25,17 @@ The same Bayesian MLP regression, the same data, minibatches of B = 128 out of N
     per-chain minibatches. It does *our* maths: with the package's minibatch stream (``hand pkg-stream``,
     ``minibatches="package"``) it reproduces our trajectories (checked below). ``hand+draws`` (one chain)
     also keeps a copy of every draw, as an MCMC run that returns its draws must: the baseline of ``MCMC``.
+``hand batched``
+    (K > 1) SGHMC for all chains as one writes it for speed (``hand_loops.DeviceHandSGHMC``): ``torch.bmm``
+    on per-chain minibatches, all chains' noise in one ``normal_`` draw, one batched permutation draw per
+    epoch (``torch.rand(K, N).argsort(-1)``), the update in place. The same maths with other random
+    streams; the baseline of the issue's many-chain targets (``hand`` draws each chain's noise from its own
+    generator, ``K`` calls a step).
 ``posteriors``
     ``posteriors.sgmcmc.sghmc`` 0.1.x (``update`` on a dict of parameters, its documented use), the log
     posterior written as ``posteriors`` recommends (``(N/B * log-lik + log-prior) / N`` with
     ``temperature = 1/N``); for 256 chains ``torch.vmap(update, randomness="different")`` over the
-    stacked parameters.
+    stacked parameters (not run at 4,096 chains: ``--posteriors-up-to``).
 
 Same maths. ``posteriors``' SGHMC with ``lr = eps``, ``alpha = friction``, ``sigma = 1``, ``beta = 0``,
 ``temperature = 1/N`` has the same drift ``eps N^-1 grad log pi``, friction and noise variance
@@ -40,16 +49,23 @@ one (symplectic Euler, PyTorch's SGD order), which costs the same. The script ch
 
 Timing: every contender advances in blocks of steps, the blocks of the contenders interleaved (the order
 rotates), repeated; a block's cost is its CPU time (and wall time) per step; the table gives the median
-over blocks and the median of the per-round ratios to the hand loop (paired). One torch thread. The
+over blocks and the median of the per-round ratios to the hand loop (paired). One torch thread
+(``--threads 0``: torch's default; CPU time then counts every thread, so read the wall ratios). The
 load average is recorded with each configuration, and so are the minor page faults per step (memory
 the allocator had to map afresh: glibc hands large freed blocks back to the system, and a step that
-then touches new pages pays for each one).
+then touches new pages pays for each one). Set-up is not in the per-step figures; it is reported apart
+(``setup_s``: a contender's construction, and for an MCMC run the time to its first step less one step).
+
+Targets (issue 25), printed at the end and kept in the JSON (``targets``), as paired CPU ratios (wall
+ratios beside them): 256 chains ``MCMC`` <= 1.2x and 4,096 chains ``MCMC`` <= 1.5x the hand-written
+batched loop (``hand batched``); one chain ``sgmcmc.MCMC`` <= 1.05x and ``pyro.infer.MCMC`` (``MCMC``) <= 1.15x the hand
+loop that keeps its draws (``hand+draws``).
 
 Run::
 
     python benchmarks/peers.py                    # about 10 minutes on a quiet 2-core machine
     python benchmarks/peers.py --tiny             # seconds: smoke test
-    python benchmarks/peers.py --configs small-1 small-256
+    python benchmarks/peers.py --configs small-1 small-256 small-4096   # the issue's targets
     python benchmarks/peers.py --retain-memory --out benchmarks/results/peers_retained.json \
         --rst docs/benchmarks_peers_retained_table.inc   # glibc keeps freed memory (all contenders)
 
@@ -98,6 +114,15 @@ def hand_sghmc(x, y, hidden, init, seed, keep_draws=False, minibatches="randperm
         energy, NUM_DATA, BATCH, init, seed, method="SGHMC", step_size=STEP_SIZE, friction=FRICTION,
         in_place=True, keep_draws=keep_draws, minibatches=minibatches,
     )  # fmt: skip
+
+
+def hand_batched(x, y, hidden, init, seed) -> harness.hand_loops.DeviceHandSGHMC:
+    """Our SGHMC for K chains with one noise draw and one permutation draw for all chains (the issue's
+    "hand-written batched loop")."""
+    energy = models.mlp_energy(x, y, hidden, init.shape[0])
+    return harness.hand_loops.DeviceHandSGHMC(
+        energy, NUM_DATA, BATCH, init, seed, step_size=STEP_SIZE, friction=FRICTION
+    )
 
 
 # ------------------------------------------------------------------------------------ posteriors
@@ -174,10 +199,13 @@ class OursMCMC:
     The run takes one step more than is timed: the kept draw (``keep_last=1``: the final state, its copy
     and its statistics) is recorded once per run, at its end, which a long run amortises to nothing."""
 
-    def __init__(self, x, y, hidden, init, seed, jit: JitMode = "auto", keep_last: bool = False):
+    def __init__(self, x, y, hidden, init, seed, jit: JitMode = "auto", keep_last: bool = False,
+                 keep_draws: bool = False):  # fmt: skip
         self.args, self.hidden, self.init, self.seed = (x, y), hidden, init, seed
         self.keep_last = keep_last  # one chain through pyro_sgmcmc.MCMC(keep_last=1) instead of pyro.infer.MCMC
+        self.keep_draws = keep_draws  # one chain through pyro_sgmcmc.MCMC keeping every draw (the quickstart's)
         self.kernel = SGHMC(make_model(hidden), step_size=STEP_SIZE, friction=FRICTION, jit_compile=jit, **SAME_MATHS)
+        self.setups: List[float] = []  # seconds from the run's start to its first step, less one step
 
     def run(self, num_steps: int) -> List[tuple]:
         stamps: List[tuple] = []
@@ -185,7 +213,13 @@ class OursMCMC:
         def hook(*_):
             stamps.append(harness.now())
 
-        if self.init.shape[0] == 1 and not self.keep_last:
+        start = harness.now()
+        if self.keep_draws:
+            mcmc = MCMC(
+                self.kernel, num_samples=num_steps + 2, warmup_steps=0, hook_fn=hook, disable_progbar=True,
+                initial_params={k: v[0] for k, v in unpack(self.init, self.hidden).items()},
+            )  # fmt: skip
+        elif self.init.shape[0] == 1 and not self.keep_last:
             mcmc = pyro.infer.MCMC(
                 self.kernel, num_samples=num_steps + 2, warmup_steps=0, hook_fn=hook, disable_progbar=True,
                 initial_params={k: v[0] for k, v in unpack(self.init, self.hidden).items()},
@@ -197,6 +231,8 @@ class OursMCMC:
                 initial_params=unpack(self.init, self.hidden),
             )  # fmt: skip
         mcmc.run(*self.args)
+        if len(stamps) > 2:
+            self.setups.append(stamps[0][0] - start[0] - (stamps[2][0] - stamps[1][0]))
         return stamps[:-1]  # without the last step, which records the kept draw
 
 
@@ -259,58 +295,109 @@ def _check_same_maths(hidden: int, seed: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------- timing
-def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0) -> dict:
+def time_config(hidden: int, chains: int, steps: int, rounds: int, seed: int = 0, posteriors: bool = True) -> dict:
     """Every contender in blocks of ``steps`` steps, ``rounds`` rotating rounds after one warm-up block each
-    (allocator, vmap/dynamo import, jit compile); medians over blocks and paired ratios per round."""
+    (allocator, vmap/dynamo import, jit compile); medians over blocks and paired ratios per round. The
+    contenders' set-up (construction; an MCMC run's time to its first step) is timed apart."""
     x, y = make_data()
     init = 0.1 * torch.randn(chains, dim(hidden), generator=torch.Generator().manual_seed(1))
     load_before = harness.load_average()
     contenders: Dict[str, Callable[[], List[tuple]]] = {}
-    contenders["hand"] = harness.stepped(hand_sghmc(x, y, hidden, init, seed).step, steps)
-    package_stream = hand_sghmc(x, y, hidden, init, seed, minibatches="package")  # the kernels' minibatches
+    setup: Dict[str, float] = {}
+
+    def made(name: str, make: Callable):
+        start = harness.now()
+        made_object = make()
+        setup[name] = harness.now()[0] - start[0]
+        return made_object
+
+    contenders["hand"] = harness.stepped(made("hand", lambda: hand_sghmc(x, y, hidden, init, seed)).step, steps)
+    package_stream = made("hand pkg-stream", lambda: hand_sghmc(x, y, hidden, init, seed, minibatches="package"))
     contenders["hand pkg-stream"] = harness.stepped(package_stream.step, steps)
     if chains == 1:  # the hand loop as an MCMC run that returns its draws: a copy of each
-        contenders["hand+draws"] = harness.stepped(hand_sghmc(x, y, hidden, init, seed, keep_draws=True).step, steps)
-    contenders["kernel"] = harness.stepped(OursKernel(x, y, hidden, init, seed).step, steps)
-    mcmc = OursMCMC(x, y, hidden, init, seed)
-    contenders["MCMC"] = lambda: mcmc.run(steps)
+        draws = made("hand+draws", lambda: hand_sghmc(x, y, hidden, init, seed, keep_draws=True))
+        contenders["hand+draws"] = harness.stepped(draws.step, steps)
+    if chains > 1:  # one noise draw and one permutation draw for all chains
+        batched = made("hand batched", lambda: hand_batched(x, y, hidden, init, seed))
+        contenders["hand batched"] = harness.stepped(batched.step, steps)
+    contenders["kernel"] = harness.stepped(made("kernel", lambda: OursKernel(x, y, hidden, init, seed)).step, steps)
+    runs = {"MCMC": OursMCMC(x, y, hidden, init, seed)}
     if chains == 1:
-        mcmc_eager = OursMCMC(x, y, hidden, init, seed, jit=False)
-        contenders["MCMC eager"] = lambda: mcmc_eager.run(steps)
-        contenders["kernel eager"] = harness.stepped(OursKernel(x, y, hidden, init, seed, jit=False).step, steps)
-        mcmc_last = OursMCMC(x, y, hidden, init, seed, keep_last=True)
-        contenders["MCMC keep_last"] = lambda: mcmc_last.run(steps)
-    contenders["posteriors"] = harness.stepped(PosteriorsSGHMC(x, y, hidden, init, seed).step, steps)
+        runs["sgmcmc.MCMC"] = OursMCMC(x, y, hidden, init, seed, keep_draws=True)
+        runs["MCMC eager"] = OursMCMC(x, y, hidden, init, seed, jit=False)
+        eager = made("kernel eager", lambda: OursKernel(x, y, hidden, init, seed, jit=False))
+        contenders["kernel eager"] = harness.stepped(eager.step, steps)
+        runs["MCMC keep_last"] = OursMCMC(x, y, hidden, init, seed, keep_last=True)
+    for name, run in runs.items():
+        contenders[name] = lambda run=run: run.run(steps)
+    if posteriors:
+        post = made("posteriors", lambda: PosteriorsSGHMC(x, y, hidden, init, seed))
+        contenders["posteriors"] = harness.stepped(post.step, steps)
     for block in contenders.values():  # warm-up
         block()
     per_round = harness.rotating_rounds(contenders, rounds)
+    for name, run in runs.items():  # the median run's set-up, the warm-up run's (imports, compilation) apart
+        setup[name] = statistics.median(run.setups[1:] or run.setups)
+        setup[f"{name} first run"] = run.setups[0]
     result = {
         "hidden": hidden,
         "weights": dim(hidden),
         "chains": chains,
         "steps_per_block": steps,
         "rounds": rounds,
+        "torch_threads": torch.get_num_threads(),
         "load_before": load_before,
         "load_after": harness.load_average(),
+        "setup_s": setup,
         "blocks_ms": per_round,
         "contenders": {},
     }
-    baselines = {k: [b[1] for b in per_round[k]] for k in ("hand", "hand+draws", "posteriors") if k in per_round}
+    names = ("hand", "hand+draws", "hand batched", "posteriors")
+    baselines = {k: [b[1] for b in per_round[k]] for k in names if k in per_round}
+    wall_baselines = {k: [b[0] for b in per_round[k]] for k in names if k in per_round}
     for name, blocks in per_round.items():
         wall, cpu = [w for w, _, _ in blocks], [c for _, c, _ in blocks]
         entry = result["contenders"][name] = {
             "wall_ms": statistics.median(wall),
             "cpu_ms": statistics.median(cpu),
             "cpu_ratio_to_hand": harness.paired_median(cpu, baselines["hand"]),
-            "wall_ratio_to_hand": harness.paired_median(wall, [w for w, _, _ in per_round["hand"]]),
-            "cpu_ratio_to_posteriors": harness.paired_median(cpu, baselines["posteriors"]),
+            "wall_ratio_to_hand": harness.paired_median(wall, wall_baselines["hand"]),
             # minor page faults per step: fresh pages the allocator had to map (a block of MCMC also counts
             # its run's set-up); a large, varying count is the allocator returning memory to the system
             "page_faults_per_step": statistics.median(f for _, _, f in blocks),
         }
-        if "hand+draws" in baselines:
-            entry["cpu_ratio_to_hand_draws"] = harness.paired_median(cpu, baselines["hand+draws"])
+        if "posteriors" in baselines:
+            entry["cpu_ratio_to_posteriors"] = harness.paired_median(cpu, baselines["posteriors"])
+        for baseline in ("hand+draws", "hand batched"):
+            if baseline in baselines:
+                label = baseline.replace("+", "_").replace(" ", "_")
+                entry[f"cpu_ratio_to_{label}"] = harness.paired_median(cpu, baselines[baseline])
+                entry[f"wall_ratio_to_{label}"] = harness.paired_median(wall, wall_baselines[baseline])
     return result
+
+
+#: issue 25's targets: (configuration, contender, baseline, largest ratio)
+TARGETS = [
+    ("small-256", "MCMC", "hand_batched", 1.2),
+    ("small-4096", "MCMC", "hand_batched", 1.5),
+    ("small-1", "sgmcmc.MCMC", "hand_draws", 1.05),
+    ("small-1", "MCMC", "hand_draws", 1.15),
+]
+
+
+def targets(results: dict) -> List[dict]:
+    """Each target of :data:`TARGETS` whose configuration was run: the paired CPU and wall ratios and whether
+    the CPU ratio is within the bound."""
+    out = []
+    for key, name, baseline, bound in TARGETS:
+        entry = results["configs"].get(key, {}).get("contenders", {}).get(name)
+        if entry is None:
+            continue
+        cpu, wall = entry[f"cpu_ratio_to_{baseline}"], entry[f"wall_ratio_to_{baseline}"]
+        label = {"hand_draws": "hand+draws", "hand_batched": "hand batched"}[baseline]
+        out.append({"config": key, "contender": name, "baseline": label, "bound": bound,
+                    "cpu_ratio": cpu, "wall_ratio": wall, "met": cpu <= bound})  # fmt: skip
+    return out
 
 
 CONFIGS = {
@@ -318,12 +405,13 @@ CONFIGS = {
     "small-256": ("small", 256, 10, 7),
     "large-1": ("large", 1, 100, 5),  # 100 steps: each MCMC block is a new run (its first steps fault memory in)
     "large-256": ("large", 256, 2, 3),
+    "small-4096": ("small", 4096, 2, 3),
 }
 
 
 def rst_table(results: dict, retained: bool = False) -> str:
-    names = ["MCMC", "MCMC keep_last", "MCMC eager", "kernel", "kernel eager", "hand", "hand pkg-stream", "hand+draws"]
-    names += ["posteriors"]
+    names = ["MCMC", "MCMC keep_last", "sgmcmc.MCMC", "MCMC eager", "kernel", "kernel eager", "hand"]
+    names += ["hand pkg-stream", "hand+draws", "hand batched", "posteriors"]
     memory = ", freed CPU memory retained (retain_freed_cpu_memory)" if retained else ""
     caption = (
         "ms per step (all chains), CPU time, median over interleaved blocks;"
@@ -334,7 +422,8 @@ def rst_table(results: dict, retained: bool = False) -> str:
         c = r["contenders"]
         load = f"{r['load_before'][0]:.1f} / {r['load_after'][0]:.1f}"
         cells = [f"{c[n]['cpu_ms']:.3g} ({c[n]['cpu_ratio_to_hand']:.2f}x)" if n in c else "n/a" for n in names]
-        mcmc_vs_posteriors = f"{1 / c['MCMC']['cpu_ratio_to_posteriors']:.2f}x"
+        to_posteriors = c["MCMC"].get("cpu_ratio_to_posteriors")
+        mcmc_vs_posteriors = "n/a" if to_posteriors is None else f"{1 / to_posteriors:.2f}x"
         rows.append([f"{key.split('-')[0]} ({r['weights']:,})", str(r["chains"]), load, *cells, mcmc_vs_posteriors])
     header = ["MLP (weights)", "chains", "load avg", *names, "posteriors / ours (MCMC)"]
     return harness.rst_list_table(caption, header, rows)
@@ -350,8 +439,11 @@ def main(argv=None):
         help="call pyro_sgmcmc.retain_freed_cpu_memory() first (process-wide: every contender gets it)",
     )
     parser.add_argument("--rst", type=Path, default=ROOT / "docs" / "benchmarks_peers_table.inc")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default; default 1)")
+    parser.add_argument("--posteriors-up-to", type=int, default=256, help="run posteriors up to this many chains")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     retained = pyro_sgmcmc.retain_freed_cpu_memory() if args.retain_memory else False
     if args.retain_memory and not retained:
         raise SystemExit("--retain-memory: not a glibc process, nothing to retain")
@@ -378,16 +470,27 @@ def main(argv=None):
         size, chains, steps, rounds = CONFIGS[key]
         if args.tiny:
             steps, rounds = 3, 2
-        r = time_config(SIZES[size], chains if not args.tiny else min(chains, 8), steps, rounds)
+        chains = chains if not args.tiny else min(chains, 8)
+        r = time_config(SIZES[size], chains, steps, rounds, posteriors=chains <= args.posteriors_up_to)
         results["configs"][key] = r
         results["configs"] = {k: results["configs"][k] for k in CONFIGS if k in results["configs"]}
         print(f"\n{key}: {r['weights']:,} weights, {r['chains']} chains, load {r['load_before']} -> {r['load_after']}")
         for name, c in r["contenders"].items():
+            to_posteriors = c.get("cpu_ratio_to_posteriors")
             print(
-                f"  {name:<11} {c['cpu_ms']:9.3f} ms CPU ({c['cpu_ratio_to_hand']:.2f}x hand, paired) "
+                f"  {name:<15} {c['cpu_ms']:9.3f} ms CPU ({c['cpu_ratio_to_hand']:.2f}x hand, paired) "
                 f"{c['wall_ms']:9.3f} ms wall ({c['wall_ratio_to_hand']:.2f}x)  "
-                f"{c['cpu_ratio_to_posteriors']:.2f}x posteriors  {c['page_faults_per_step']:8.0f} faults/step"
+                + ("" if to_posteriors is None else f"{to_posteriors:.2f}x posteriors  ")
+                + f"{c['page_faults_per_step']:8.0f} faults/step  set-up {r['setup_s'].get(name, float('nan')):.3f} s"
             )
+    results["targets"] = targets(results)
+    if results["targets"]:
+        print(f"\ntargets (paired CPU ratio; wall in brackets), {torch.get_num_threads()} torch thread(s):")
+    for t in results["targets"]:
+        print(
+            f"  {t['config']:<11} {t['contender']:<12} / {t['baseline']:<10} {t['cpu_ratio']:.2f}x "
+            f"({t['wall_ratio']:.2f}x)  target <= {t['bound']}x: {'met' if t['met'] else 'NOT met'}"
+        )
     if not args.tiny:
         harness.write_json(args.out, results, indent=1)
         args.rst.write_text(rst_table(results, retained))

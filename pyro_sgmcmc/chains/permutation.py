@@ -117,7 +117,7 @@ def mix31(value: torch.Tensor, key, multiplier, out: Optional[Tuple[torch.Tensor
     scratch) and no other tensor is allocated.
     """
     if out is None:
-        shape = torch.broadcast_shapes(value.shape, torch.as_tensor(key).shape, torch.as_tensor(multiplier).shape)
+        shape = _broadcast_shape(value.shape, torch.as_tensor(key).shape, torch.as_tensor(multiplier).shape)
         out = (value.new_empty(shape), value.new_empty(shape))
     h, t = out
     torch.bitwise_xor(value, key, out=h)
@@ -126,6 +126,19 @@ def mix31(value: torch.Tensor, key, multiplier, out: Optional[Tuple[torch.Tensor
     h.bitwise_xor_(torch.bitwise_right_shift(h, 13, out=t))
     h.mul_(_MIX).bitwise_and_(_LOW31)
     return h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=t))
+
+
+def _broadcast_shape(*shapes: Tuple[int, ...]) -> Tuple[int, ...]:
+    """The shape ``shapes`` broadcast to (NumPy's rule), in Python: ``torch.broadcast_shapes`` imports sympy
+    (seconds) the first time a process calls it, and ``torch.broadcast_tensors`` would add operators."""
+    ndim = max(len(shape) for shape in shapes)
+    out = []
+    for sizes in zip(*[(1,) * (ndim - len(shape)) + tuple(shape) for shape in shapes]):
+        others = {size for size in sizes if size != 1}
+        if len(others) > 1:
+            raise RuntimeError(f"shapes {[tuple(shape) for shape in shapes]} do not broadcast")
+        out.append(others.pop() if others else 1)
+    return tuple(out)
 
 
 def epoch_keys(bases: torch.Tensor, epoch) -> torch.Tensor:

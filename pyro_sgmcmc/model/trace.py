@@ -259,15 +259,22 @@ def _check_observed_shapes(trace) -> None:
         if not torch.is_tensor(value):
             continue
         expected = site["fn"].batch_shape + site["fn"].event_shape
-        try:
-            torch.broadcast_shapes(value.shape, expected)
-        except RuntimeError:
+        if not _broadcastable(tuple(value.shape), tuple(expected)):
             plates = [f.name for f in site["cond_indep_stack"]]
             raise ModelError(
                 f"observed site {name!r} has a value of shape {tuple(value.shape)} that does not broadcast with its "
                 f"distribution's shape {tuple(expected)} (plates {plates}); in a subsampled plate, index the data "
                 "with the plate's indices (obs=y[idx])"
             ) from None
+
+
+def _broadcastable(a: Tuple[int, ...], b: Tuple[int, ...]) -> bool:
+    """True if shapes ``a`` and ``b`` broadcast (NumPy's rule: aligned from the right, each pair of sizes
+    equal or one of them 1; the shorter shape is padded with 1s on the left).
+
+    Our own rule rather than ``torch.broadcast_shapes``, which imports ``torch._refs`` and, through
+    ``torch.fx.experimental.symbolic_shapes``, sympy: a few seconds on the first run of a process."""
+    return all(m == n or m == 1 or n == 1 for m, n in zip(reversed(a), reversed(b)))
 
 
 # ---------------------------------------------------------------------- init strategy, dtype, device

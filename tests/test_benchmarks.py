@@ -1,0 +1,57 @@
+"""Smoke-run the benchmark scripts that other checks rely on, at their ``--tiny`` sizes, on the CPU.
+
+``benchmarks/gpu.py`` is run on a GPU machine by hand (it cannot be tested here); ``--device cpu --tiny``
+runs every part's code path but the CUDA graph's and must finish within a minute, writing the JSON whose
+keys the GPU runs are read by. ``benchmarks/step_ops.py --tiny`` must count a step's operators and write
+its JSON (its verdict on today's code is not asserted here: ``--no-check``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_gpu_benchmark_runs_on_the_cpu_at_tiny_size_and_writes_its_results(tmp_path):
+    out = tmp_path / "gpu.json"
+    done = _run([str(ROOT / "benchmarks" / "gpu.py"), "--device", "cpu", "--tiny", "--out", str(out)], tmp_path, 180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    meta = results["meta"]
+    assert {"date_utc", "git_commit", "torch", "cuda", "gpu", "device", "budgets_s", "seconds"} <= set(meta)
+    assert meta["device"] == "cpu" and meta["tiny"] is True
+    assert set(results["parts"]) == {"a", "b", "c", "d"}
+    for part in results["parts"].values():
+        assert "error" not in part, part["error"]
+        assert {"seconds", "timed_out", "what"} <= set(part)
+    one = results["parts"]["a"]
+    assert one["pyro_sgmcmc.MCMC"]["ms_per_step"] > 0 and one["hand eager"]["ms_per_step"] > 0
+    assert one["hand CUDA graph"] == {"skipped": "needs a CUDA device"}
+    for entry in results["parts"]["b"]["chains"].values():
+        assert "error" not in entry, entry["error"]
+        assert entry["timed_out"] or entry["ratio"] > 0
+    assert set(results["parts"]["c"]["sides"]) == {"SGHMC", "NUTS"}
+    assert meta["seconds"] < 60  # the parts' budgets at --tiny: a smoke run stays short
+
+
+def test_step_ops_counts_operators_and_host_reads(tmp_path):
+    out = tmp_path / "step_ops.json"
+    args = [str(ROOT / "benchmarks" / "step_ops.py"), "--tiny", "--no-check", "--out", str(out)]
+    done = _run(args, tmp_path, 300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results["configs"]) == {"mlp/SGLD", "mlp/SGHMC", "mlp/SGNHT"}
+    step = results["configs"]["mlp/SGHMC"]["1"]["ordinary"]
+    # one SGHMC step of the MLP: a forward and backward pass of three layers, at least an mm each way
+    assert step["total"] > 20 and step["ops"].get("aten.mm", 0) + step["ops"].get("aten.bmm", 0) >= 3
