@@ -47,11 +47,11 @@ class Draws:
     Examples
     --------
     >>> import torch
-    >>> draws = Draws({"x": torch.arange(6.0).reshape(2, 3)}, [{"divergences": []}, {"divergences": [1]}])
+    >>> draws = Draws({"x": torch.arange(8.0).reshape(2, 4)}, [{"divergences": []}, {"divergences": [1]}])
     >>> draws.get_samples()["x"].tolist()
-    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
     >>> draws.get_samples(group_by_chain=True)["x"].shape, draws.num_chains
-    (torch.Size([2, 3]), 2)
+    (torch.Size([2, 4]), 2)
     >>> draws.diagnostics()["divergences"]
     {'chain 0': [], 'chain 1': [1]}
     """
