@@ -141,8 +141,9 @@ def pyro_chain_diagnostics(mcmc) -> list:
     computes ``n_eff`` with
     :func:`pyro.ops.stats.effective_sample_size`, whose ``(n, n)`` mask grows quadratically: measured
     here (torch 2.13, Pyro 1.9.2, one chain of 3 parameters) +1.9 GB peak memory at 20,000 draws, so
-    about 48 GB at 100,000, against nothing for this read. Used only for runs of Pyro's own MCMC
-    class (``pyro_sgmcmc.MCMC`` runs carry ``sample_stats``).
+    about 48 GB at 100,000, against nothing for this read. Used for runs of Pyro's own MCMC class:
+    the one ``pyro_sgmcmc.MCMC(chain_method="parallel")`` holds (read once after its run, into its
+    own ``Draws``) and one given to ``to_inference_data``.
     """
     return list(mcmc._diagnostics)
 
