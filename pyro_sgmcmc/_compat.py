@@ -78,6 +78,57 @@ def distribution_mask(fn):
     return fn._mask
 
 
+# 2. Pyro's ``AutoContinuous`` guides: the one adapter to their private members, :class:`AutoGuideInternals`.
+#    ``LaplaceApproximation`` (a subclass of ``AutoContinuous``) and ``AutoDiagVI`` (of ``AutoDiagonalNormal``)
+#    touch Pyro's guide internals only through it; everything else they need is public (``prototype_trace``,
+#    ``latent_dim``, ``loc``, ``get_posterior``; the layout is recomputed from the prototype trace by
+#    ``pyro_sgmcmc.guides.sites``). What Pyro's own methods need from a subclass, and what each costs:
+#
+#    a. ``_prototype_frames``, ``_unconstrained_shapes``, ``_cond_indep_stacks`` (written):
+#       ``AutoContinuous.forward``, ``median`` and ``quantiles`` (through ``_unpack_latent`` and
+#       ``_create_plates``) read the layout of the latent vector from these three dicts, which only the private
+#       ``_setup_prototype(*args, **kwargs)`` fills, by tracing the model. A ``LaplaceApproximation`` is built
+#       from a trace it is handed (a subset of the MAP guide's sites when ``subset_of_weights`` holds some at
+#       the MAP), not from a run of the model, so it writes the same three dicts from that trace. Public
+#       alternative: none (Pyro has no constructor from a trace); re-implementing ``forward``, ``median`` and
+#       ``quantiles`` would copy about 80 lines of Pyro. Cost: three writes whose names and meaning a Pyro
+#       release may change (Pyro 1.8 and 1.9 have them as written here); tests/guides fail at once if they
+#       do (every sampling, median and quantile test of ``LaplaceApproximation`` goes through them).
+#    b. ``_pyro_name`` (read, of ``PyroModule``): ``AutoContinuous.sample_latent`` names its auxiliary site
+#       ``"_{_pyro_name}_latent"``; ``AutoDiagVI``'s sticking-the-landing draw must use the same name, or a
+#       trained guide's site would change name with the option. Public alternative: none (``PyroModule`` has
+#       no accessor; the class name differs from ``_pyro_name`` once the guide is a submodule). Cost: one read.
+#
+#    The guides also *implement* one of ``AutoContinuous``'s private hooks, ``_loc_scale`` (the MAP and a zero
+#    scale in ``AutoLaplace``; the mean and marginal standard deviations in ``LaplaceApproximation``), because
+#    Pyro's public ``median`` and ``quantiles`` call it; no module of the package calls it. The model checks that
+#    ``AutoLaplace`` and ``AutoDiagVI`` made in ``_setup_prototype`` now run in their public ``forward``,
+#    before Pyro's, on the first call.
+
+
+class AutoGuideInternals:
+    """The private members of Pyro's ``AutoContinuous`` / ``PyroModule`` that the package's guides need (entry 2)."""
+
+    @staticmethod
+    def set_layout(guide, prototype_trace, unconstrained_shapes) -> None:
+        """Give ``guide`` the latent layout of ``prototype_trace`` as ``AutoContinuous._setup_prototype`` would (2a).
+
+        ``unconstrained_shapes`` is ``{site: shape}`` in model order
+        (:func:`pyro_sgmcmc.guides.sites.unconstrained_shapes` of the trace).
+        """
+        latent = list(prototype_trace.iter_stochastic_nodes())
+        guide._prototype_frames = {
+            frame.name: frame for _, site in latent for frame in site["cond_indep_stack"] if frame.vectorized
+        }
+        guide._unconstrained_shapes = dict(unconstrained_shapes)
+        guide._cond_indep_stacks = {name: site["cond_indep_stack"] for name, site in latent}
+
+    @staticmethod
+    def latent_site_name(guide) -> str:
+        """The name of the auxiliary site of ``AutoContinuous.sample_latent``, ``"_<module name>_latent"`` (2b)."""
+        return f"_{guide._pyro_name}_latent"
+
+
 # ---------------------------------------------------------------------------- run room
 # (pyro_sgmcmc.mcmc, pyro_sgmcmc.export, pyro_sgmcmc.distributed, pyro_sgmcmc.diagnostics)
 
@@ -90,8 +141,9 @@ def pyro_chain_diagnostics(mcmc) -> list:
     computes ``n_eff`` with
     :func:`pyro.ops.stats.effective_sample_size`, whose ``(n, n)`` mask grows quadratically: measured
     here (torch 2.13, Pyro 1.9.2, one chain of 3 parameters) +1.9 GB peak memory at 20,000 draws, so
-    about 48 GB at 100,000, against nothing for this read. Used only for runs of Pyro's own MCMC
-    class (``pyro_sgmcmc.MCMC`` runs carry ``sample_stats``).
+    about 48 GB at 100,000, against nothing for this read. Used for runs of Pyro's own MCMC class:
+    the one ``pyro_sgmcmc.MCMC(chain_method="parallel")`` holds (read once after its run, into its
+    own ``Draws``) and one given to ``to_inference_data``.
     """
     return list(mcmc._diagnostics)
 

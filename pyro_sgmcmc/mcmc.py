@@ -1,15 +1,21 @@
-"""``pyro_sgmcmc.MCMC``: :class:`pyro.infer.MCMC` plus vectorised and sequential chains for the SG-MCMC kernels.
+"""``pyro_sgmcmc.MCMC``: :class:`pyro.infer.MCMC`'s interface plus vectorised and sequential chains for SG-MCMC.
 
 Pyro runs ``num_chains > 1`` as one process per chain (or one after the other when there are
-fewer cores than chains). Stochastic-gradient methods want many short chains, so this subclass
+fewer cores than chains). Stochastic-gradient methods want many short chains, so this class
 adds NumPyro's ``chain_method="vectorized"``: all chains advance together in batched tensor
 operations (the model runs once per step under :func:`torch.func.vmap`), each with its own noise
-and its own minibatches; and ``"sequential"``: the same chains one after another. Everything else
-(``get_samples``, ``arviz.from_pyro``) is Pyro's; ``summary`` and ``diagnostics`` give Pyro's
-numbers in memory linear in the draws (:mod:`pyro_sgmcmc.diagnostics.summary`).
+and its own minibatches; and ``"sequential"``: the same chains one after another. With
+``chain_method="parallel"`` it runs a :class:`pyro.infer.MCMC` it holds (:attr:`MCMC.pyro_mcmc`).
+
+Whatever the chain method, the run's draws end in one :class:`~pyro_sgmcmc.run.readers.Draws` value
+(:attr:`MCMC.draws`), which answers ``get_samples``, ``summary`` and ``diagnostics`` as Pyro does,
+with ``n_eff`` in memory linear in the draws (:mod:`pyro_sgmcmc.diagnostics.summary`);
+``arviz.from_pyro`` reads it as it reads a :class:`pyro.infer.MCMC`. The class writes no member of
+Pyro's: it is not a subclass, and it reads the :class:`pyro.infer.MCMC` it holds through that
+class's public methods (and one documented read in :mod:`pyro_sgmcmc._compat`).
 
 The run itself lives in :mod:`pyro_sgmcmc.run` (the loop, its checkpoint, partial runs); this
-module checks the settings and hands the result to Pyro's readers.
+module checks the settings and keeps the result.
 """
 
 from __future__ import annotations
@@ -25,8 +31,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.util import optional
 
-from .diagnostics.summary import diagnostics as _site_diagnostics
-from .diagnostics.summary import print_summary
+from ._compat import pyro_chain_diagnostics
 from .kernels.base import SGMCMCKernel
 from .run import ChainRun, Chains, RunLength, RunResult
 from .run.checkpoint_settings import (
@@ -42,6 +47,7 @@ from .run.checks import (
     check_positive_int,
 )
 from .run.partial import PartialRun, PartialRunWarning, RunNotFinished
+from .run.readers import Draws
 from .run.sequential import SequentialRun
 
 __all__ = ["MCMC", "CheckpointSettings", "PartialRun", "PartialRunWarning", "RunNotFinished"]
@@ -50,8 +56,12 @@ CHAIN_METHODS = ("parallel", "sequential", "vectorized")
 _OWN_OPTIONS = "num_superchains, thinning, keep_last, seed, checkpoint and chain_ids"
 
 
-class MCMC(pyro.infer.MCMC):
+class MCMC:
     """Drop-in :class:`pyro.infer.MCMC` with vectorised chains, superchains, thinning and last-state runs.
+
+    The same constructor, ``run``, ``get_samples``, ``summary`` and ``diagnostics`` as
+    :class:`pyro.infer.MCMC`, and the same attributes (``kernel``, ``num_samples``, ``warmup_steps``,
+    ``num_chains``, ``transforms``, ...); it holds a :class:`pyro.infer.MCMC` rather than being one.
 
     Parameters
     ----------
@@ -104,6 +114,12 @@ disable_validation, transforms, save_params :
 
     Attributes
     ----------
+    draws : Draws or None
+        The last run's draws ``{site: (num_chains, num_draws, ...)}``, the per-chain diagnostics of
+        its kernel and the model arguments it ran on (:class:`~pyro_sgmcmc.run.readers.Draws`);
+        ``None`` before a run, or after one stopped before its first kept draw.
+    pyro_mcmc : pyro.infer.MCMC or None
+        With ``chain_method="parallel"``, the :class:`pyro.infer.MCMC` that runs the chains.
     sample_stats : dict
         Per kept draw, ``(num_chains, num_draws)`` tensors: ``lp``, ``step_size``, ``diverging``,
         ``temperature`` and the kernel's own (``kinetic_energy``, ``thermostat``).
@@ -173,29 +189,11 @@ disable_validation, transforms, save_params :
         self.seed = None if seed is None else int(seed)
         self.sample_stats: Dict[str, torch.Tensor] = {}
         self.partial: Optional[PartialRun] = None
+        self.draws: Optional[Draws] = None
+        self.pyro_mcmc: Optional[pyro.infer.MCMC] = None
         self.superchain_ids = torch.arange(num_chains) // (num_chains // self.num_superchains)
         self.checkpoint: Optional[CheckpointSettings] = checkpoint
         self.chain_ids = check_chain_ids(chain_ids, num_chains)
-        if chain_method == "parallel":
-            own = (num_superchains, keep_last, seed, checkpoint, chain_ids)
-            if thinning != 1 or any(value is not None for value in own):
-                raise ValueError(
-                    f"{_OWN_OPTIONS} need chain_method='vectorized' or 'sequential' "
-                    "(Pyro's parallel chains do not support them)"
-                )
-            super().__init__(
-                kernel, num_samples, warmup_steps, initial_params, num_chains, hook_fn, mp_context,
-                disable_progbar, disable_validation, transforms, save_params,
-            )  # fmt: skip
-            return
-        if not isinstance(kernel, SGMCMCKernel):
-            raise ValueError(
-                f"chain_method={chain_method!r} needs a pyro_sgmcmc kernel (SGLD, SGHMC, SGNHT); "
-                f"got {type(kernel).__name__}"
-            )
-        if chain_method == "sequential" and checkpoint is not None:
-            raise ValueError("checkpoint needs chain_method='vectorized' (a sequential run is not checkpointed)")
-        # The parts of pyro.infer.MCMC's state that its methods (get_samples, summary, diagnostics) read.
         self.kernel = kernel
         self.num_chains = num_chains
         self.transforms = transforms
@@ -207,30 +205,54 @@ disable_validation, transforms, save_params :
         self.hook_fn = hook_fn
         self.initial_params = initial_params
         self.save_params = save_params
-        self._samples = None
-        self._args = None
-        self._kwargs = None
-        self._diagnostics = [None] * num_chains
+        if chain_method == "parallel":
+            own = (num_superchains, keep_last, seed, checkpoint, chain_ids)
+            if thinning != 1 or any(value is not None for value in own):
+                raise ValueError(
+                    f"{_OWN_OPTIONS} need chain_method='vectorized' or 'sequential' "
+                    "(Pyro's parallel chains do not support them)"
+                )
+            self.pyro_mcmc = pyro.infer.MCMC(
+                kernel, num_samples, warmup_steps, initial_params, num_chains, hook_fn, mp_context,
+                disable_progbar, disable_validation, transforms, save_params,
+            )  # fmt: skip
+            return
+        if not isinstance(kernel, SGMCMCKernel):
+            raise ValueError(
+                f"chain_method={chain_method!r} needs a pyro_sgmcmc kernel (SGLD, SGHMC, SGNHT); "
+                f"got {type(kernel).__name__}"
+            )
+        if chain_method == "sequential" and checkpoint is not None:
+            raise ValueError("checkpoint needs chain_method='vectorized' (a sequential run is not checkpointed)")
 
     @poutine.block
     def run(self, *args, **kwargs) -> None:
-        """Run the chains on ``model(*args, **kwargs)`` and store the draws (see :class:`pyro.infer.MCMC`).
+        """Run the chains on ``model(*args, **kwargs)``; keep the draws in :attr:`draws` (as :class:`pyro.infer.MCMC`).
 
-        If the run stops early (``KeyboardInterrupt`` or any exception, re-raised), the draws kept so
-        far stay readable: :meth:`get_samples`, :meth:`summary`, :meth:`diagnostics` and
-        :func:`~pyro_sgmcmc.to_inference_data` give them with a :class:`PartialRunWarning`, and
-        :attr:`partial` says where the run stopped and how to resume it.
+        If a ``"vectorized"`` or ``"sequential"`` run stops early (``KeyboardInterrupt`` or any
+        exception, re-raised), the draws kept so far stay readable: :meth:`get_samples`,
+        :meth:`summary`, :meth:`diagnostics` and :func:`~pyro_sgmcmc.to_inference_data` give them
+        with a :class:`PartialRunWarning`, and :attr:`partial` says where the run stopped and how to
+        resume it.
         """
+        self.draws, self.sample_stats, self.partial = None, {}, None
         if self.chain_method == "parallel":
-            return super().run(*args, **kwargs)
-        self._args, self._kwargs = args, kwargs
-        self._samples, self.sample_stats, self.partial = None, {}, None
-        args = tuple(arg.detach() if torch.is_tensor(arg) else arg for arg in args)
+            self._run_pyro(args, kwargs)
+            return
+        detached = tuple(arg.detach() if torch.is_tensor(arg) else arg for arg in args)
         with optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
             if self.chain_method == "vectorized":
-                self._run_vectorized(args, kwargs)
+                self._run_vectorized(detached, args, kwargs)
             else:
-                self._run_sequential(args, kwargs)
+                self._run_sequential(detached, args, kwargs)
+
+    def _run_pyro(self, args: tuple, kwargs: dict) -> None:
+        """``chain_method="parallel"``: Pyro's run, read back through its public ``get_samples``."""
+        sampler = self.pyro_mcmc
+        sampler.run(*args, **kwargs)
+        samples = sampler.get_samples(group_by_chain=True)
+        self.draws = Draws(samples, pyro_chain_diagnostics(sampler), args, kwargs)
+        self.transforms = sampler.transforms
 
     def _chain_run(self, chains: Chains, hook_fn: Optional[Callable], checkpoint=None) -> ChainRun:
         return ChainRun(
@@ -247,63 +269,73 @@ disable_validation, transforms, save_params :
     def _chains(self) -> Chains:
         return Chains(self.num_chains, self.num_superchains, self.seed, self.chain_ids, self.initial_params)
 
-    def _run_vectorized(self, args: tuple, kwargs: dict) -> None:
+    def _run_vectorized(self, args: tuple, given_args: tuple, kwargs: dict) -> None:
         run = self._chain_run(self._chains(), self.hook_fn, self.checkpoint)
         try:
             run.run(args, kwargs)
         finally:
-            self._take(run.result)
+            self._take(run.result, given_args, kwargs)
 
-    def _run_sequential(self, args: tuple, kwargs: dict) -> None:
+    def _run_sequential(self, args: tuple, given_args: tuple, kwargs: dict) -> None:
         run = SequentialRun(self.kernel, self._chain_run, self._chains(), self.hook_fn)
         try:
             run.run(args, kwargs)
         finally:
-            self._take(run.result)
+            self._take(run.result, given_args, kwargs)
             self.seed = run.seed
 
-    def _take(self, result: Optional[RunResult]) -> None:
-        """Expose a run's draws, statistics, diagnostics and stop to Pyro's readers."""
+    def _take(self, result: Optional[RunResult], args: tuple, kwargs: dict) -> None:
+        """Keep a run's draws, statistics, diagnostics and stop."""
         if result is None:
             return
-        self._samples, self.sample_stats, self.partial = result.samples, result.sample_stats, result.partial
-        self._diagnostics = list(result.diagnostics)
+        self.sample_stats, self.partial = result.sample_stats, result.partial
+        if result.samples is not None:
+            self.draws = Draws(result.samples, list(result.diagnostics), args, kwargs)
         if result.superchain_ids is not None:
             self.superchain_ids = result.superchain_ids
         if self.transforms is None:
             self.transforms = self.kernel.transforms
 
     def get_samples(self, num_samples: Optional[int] = None, group_by_chain: bool = False) -> Dict[str, torch.Tensor]:
-        """Pyro's :meth:`~pyro.infer.MCMC.get_samples`; after an interrupted run, the draws so far (with a warning)."""
-        self._check_draws("get_samples")
-        return super().get_samples(num_samples, group_by_chain)
+        """Pyro's :meth:`~pyro.infer.MCMC.get_samples`; after an interrupted run, the draws so far (with a warning).
+
+        ``{site: (num_chains * num_samples, ...)}``, chain after chain, or ``{site: (num_chains,
+        num_samples, ...)}`` with ``group_by_chain``; with ``num_samples``, that many draws picked
+        uniformly with replacement.
+        """
+        return self._read("get_samples").get_samples(num_samples, group_by_chain)
 
     def summary(self, prob: float = 0.9) -> None:
         """Pyro's summary table (mean, sd, median, interval, ``n_eff``, ``r_hat``), in linear memory."""
-        self._check_draws("summary")
+        draws = self._read("summary")
         if self.partial is not None:
             print(f"PARTIAL RUN: {self.partial.describe()}")
-        print_summary(self._samples, prob=prob)
-        if "divergences" in self._diagnostics[0]:
-            print(f"Number of divergences: {sum(len(d['divergences']) for d in self._diagnostics)}")
+        draws.summary(prob)
 
     def diagnostics(self) -> dict:
         """Pyro's diagnostics (``n_eff``, ``r_hat``, divergences per chain), in linear memory."""
-        self._check_draws("diagnostics")
-        out = _site_diagnostics(self._samples)
-        for name in self._diagnostics[0]:
-            out[name] = {f"chain {i}": self._diagnostics[i][name] for i in range(self.num_chains)}
-        return out
+        return self._read("diagnostics").diagnostics()
 
-    def _check_draws(self, reader: str) -> None:
-        """Raise :class:`RunNotFinished` when there are no draws; warn when they are a partial run's."""
-        partial = getattr(self, "partial", None)
-        if getattr(self, "_samples", None) is None:
+    def _read(self, reader: str) -> Draws:
+        """The draws; :class:`RunNotFinished` when there are none, a warning when they are a partial run's."""
+        partial = self.partial
+        if self.draws is None:
             if partial is not None:
                 raise RunNotFinished(f"{reader}(): no draws to read: {partial.describe()}")
             raise RunNotFinished(f"{reader}(): no draws to read: call run(...) first")
         if partial is not None:
             warnings.warn(f"{reader}() reads a partial run: {partial.describe()}", PartialRunWarning, stacklevel=3)
+        return self.draws
+
+    # arviz.from_pyro reads the model arguments of a pyro.infer.MCMC run under these private names of
+    # Pyro's; they are this class's own (read-only) copies, for that reader.
+    @property
+    def _args(self) -> Optional[tuple]:
+        return None if self.draws is None else self.draws.args
+
+    @property
+    def _kwargs(self) -> Optional[dict]:
+        return None if self.draws is None else self.draws.kwargs
 
     checkpoint_path = deprecated_checkpoint_attribute("checkpoint_path")
     checkpoint_every = deprecated_checkpoint_attribute("checkpoint_every")

@@ -7,6 +7,7 @@ import torch
 from pyro.infer import NUTS
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT, DivergenceWarning
+from pyro_sgmcmc.run.readers import Draws
 
 
 def regression_model(x, y):
@@ -234,8 +235,8 @@ def test_summary_and_diagnostics_use_linear_memory_and_give_pyros_numbers(capsys
 
     long = MCMC(SGLD(regression_model, step_size=0.01), num_samples=100_000, warmup_steps=0, num_chains=1,
                 chain_method="vectorized", seed=3, disable_progbar=True)  # fmt: skip
-    long._samples = {"w": torch.randn(1, 100_000, 3, generator=torch.Generator().manual_seed(0))}
-    long._diagnostics = [{"divergences": []}]
+    iid = torch.randn(1, 100_000, 3, generator=torch.Generator().manual_seed(0))
+    long.draws = Draws({"w": iid}, [{"divergences": []}])
     n_eff = long.diagnostics()["w"]["n_eff"]
     assert torch.all((n_eff > 0.8e5) & (n_eff < 1.2e5)), n_eff  # iid draws: ESS ~ n (sd of the estimate ~ 1%)
 
@@ -315,3 +316,38 @@ def test_summary_and_diagnostics_leave_pyro_untouched(capsys, monkeypatch):
     assert "n_eff" in out and "r_hat" in out and "w[2]" in out
     mcmc.diagnostics()
     assert dict(vars(stats)) == members and seen == []  # nothing replaced; Pyro's quadratic ESS never called
+
+
+# ====================================================================== Pyro's MCMC held, not inherited (#25)
+@pytest.mark.parametrize("method", ["parallel", "vectorized", "sequential"])
+def test_every_chain_method_keeps_its_draws_for_pyros_readers_and_arviz(method, capsys):
+    """Whatever the chain method, the draws end in ``mcmc.draws`` (no member of ``pyro.infer.MCMC`` is written:
+    the class holds one for ``"parallel"`` and reads its public ``get_samples``), and ``get_samples``,
+    ``diagnostics``, ``summary`` and ``arviz.from_pyro`` (which reads ``_args`` / ``_kwargs``) read them as Pyro's
+    own run would be read."""
+    az = pytest.importorskip("arviz")
+    x, y = _data()
+    pyro.set_rng_seed(0)
+    options = {} if method == "parallel" else {"seed": 0}
+    mcmc = MCMC(SGLD(regression_model, step_size=0.01), num_samples=20, warmup_steps=5, num_chains=1,
+                chain_method=method, disable_progbar=True, **options)  # fmt: skip
+    assert not isinstance(mcmc, pyro.infer.MCMC)
+    assert (mcmc.pyro_mcmc is not None) == (method == "parallel")
+    mcmc.run(x, y)
+    grouped = mcmc.get_samples(group_by_chain=True)
+    assert grouped["w"].shape == (1, 20, 3) and mcmc.get_samples()["w"].shape == (20, 3)
+    assert torch.equal(mcmc.draws.samples["w"], grouped["w"])
+    if method == "parallel":  # exactly what Pyro's own object holds
+        assert torch.equal(grouped["w"], mcmc.pyro_mcmc.get_samples(group_by_chain=True)["w"])
+        assert mcmc.diagnostics()["divergences"] == mcmc.pyro_mcmc.diagnostics()["divergences"]
+        assert mcmc.transforms is mcmc.pyro_mcmc.transforms
+    torch.manual_seed(1)
+    resampled = mcmc.get_samples(7)["w"]
+    torch.manual_seed(1)
+    index = torch.randint(0, 20, (7,))  # Pyro's select_samples: uniform with replacement over the flat draws
+    assert torch.equal(resampled, mcmc.get_samples()["w"][index])
+    mcmc.summary()
+    assert "Number of divergences: 0" in capsys.readouterr().out
+    assert mcmc._args == (x, y) and mcmc._kwargs == {}
+    idata = az.from_pyro(mcmc, log_likelihood=False)
+    assert idata.posterior["w"].shape == (1, 20, 3) and "observed_data" in idata.groups()

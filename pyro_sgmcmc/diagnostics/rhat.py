@@ -86,7 +86,9 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
     """
     import pyro.infer  # local: pyro.infer is heavier than this module
 
-    if isinstance(data, pyro.infer.MCMC):  # ours (with its superchains) or Pyro's (every chain its own)
+    from ..mcmc import MCMC  # local: pyro_sgmcmc.mcmc imports this package
+
+    if isinstance(data, (MCMC, pyro.infer.MCMC)):  # ours (with its superchains) or Pyro's (every chain its own)
         ids = getattr(data, "superchain_ids", None) if superchain_ids is None else superchain_ids
         samples = data.get_samples(group_by_chain=True)
         names = var_names or list(samples)

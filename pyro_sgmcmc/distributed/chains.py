@@ -86,7 +86,6 @@ disable_validation, transforms, save_params, num_superchains, thinning, keep_las
         kernel = self.kernel
         ids = self._local_chain_ids
         self.num_chains, self.chain_ids = len(ids), list(ids)
-        self._diagnostics = [None] * len(ids)
         if self.seed is None:  # one seed for all ranks, drawn where a one-process run would draw it
             seed = torch.tensor([int(torch.randint(0, 2**62, ())) if self.rank == 0 else 0])
             dist.broadcast(seed, src=0, group=self.group)
@@ -112,11 +111,12 @@ disable_validation, transforms, save_params, num_superchains, thinning, keep_las
 
     def _gather(self) -> None:
         """Rank 0 receives every rank's draws, statistics and diagnostics and concatenates them by chain."""
+        draws = self.draws
         payload = {
             "chain_ids": self.chain_ids,
-            "samples": {k: v.detach().cpu() for k, v in self._samples.items()},
+            "samples": {k: v.detach().cpu() for k, v in draws.samples.items()},
             "stats": {k: v.detach().cpu() for k, v in self.sample_stats.items()},
-            "diagnostics": self._diagnostics,
+            "diagnostics": draws.chain_diagnostics,
         }
         received: Optional[List[Any]] = [None] * self.world_size if self.rank == 0 else None
         dist.gather_object(payload, received, dst=0, group=self.group)
@@ -124,10 +124,9 @@ disable_validation, transforms, save_params, num_superchains, thinning, keep_las
             return
         received.sort(key=lambda part: part["chain_ids"][0])
         device = self.kernel.state.position.device
-        self._samples = {k: torch.cat([p["samples"][k] for p in received]).to(device) for k in self._samples}
+        samples = {k: torch.cat([p["samples"][k] for p in received]).to(device) for k in draws.samples}
+        diagnostics = [d for p in received for d in p["diagnostics"]]
+        self.draws = dataclasses.replace(draws, samples=samples, chain_diagnostics=diagnostics)
         self.sample_stats = {k: torch.cat([p["stats"][k] for p in received]).to(device) for k in self.sample_stats}
-        self._diagnostics = [d for p in received for d in p["diagnostics"]]
         self.chain_ids = [c for p in received for c in p["chain_ids"]]
         self.num_chains = len(self.chain_ids)
-
-

@@ -81,7 +81,9 @@ def to_inference_data(
 
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer; got {chunk_size!r}")
-    if not isinstance(mcmc, pyro.infer.MCMC):
+    from ..mcmc import MCMC
+
+    if not isinstance(mcmc, (MCMC, pyro.infer.MCMC)):
         raise TypeError(f"mcmc must be a pyro_sgmcmc.MCMC or pyro.infer.MCMC run; got {type(mcmc).__name__}")
     for name, value in (("coords", coords), ("dims", dims)):
         if value is not None and not isinstance(value, Mapping):
@@ -137,9 +139,11 @@ def _sample_stats(mcmc, num_chains: int, num_draws: int) -> Dict[str, np.ndarray
     stats = getattr(mcmc, "sample_stats", None)
     if stats:
         return {k: v.detach().cpu().numpy() for k, v in stats.items()}
-    # pyro.infer.MCMC: only the divergences are recorded per draw
+    # chain_method="parallel" or pyro.infer.MCMC: only the divergences are recorded per draw
+    draws = getattr(mcmc, "draws", None)
+    per_chain = draws.chain_diagnostics if draws is not None else pyro_chain_diagnostics(mcmc)
     diverging = np.zeros((num_chains, num_draws), dtype=bool)
-    for chain, info in enumerate(pyro_chain_diagnostics(mcmc)):
+    for chain, info in enumerate(per_chain):
         diverging[chain, info["divergences"]] = True
     return {"diverging": diverging}
 

@@ -19,6 +19,7 @@ from pyro.infer.autoguide import AutoContinuous
 from pyro.infer.autoguide.initialization import init_to_median
 from torch.distributions import biject_to
 
+from .._compat import AutoGuideInternals
 from ._checks import check_precision
 from .curvature import Curvature
 from .evidence import GaussianNoise
@@ -26,7 +27,7 @@ from .kron import KronPrecision
 from .laplace_evidence import EvidenceMixin, PriorPrecision
 from .precision import DensePrecision, DiagPrecision, Precision
 from .predictive import GLMPrediction, linearized_predictive
-from .sites import prototype_frames, site_prior, site_slices, unconstrained_shapes
+from .sites import site_prior, site_slices, split_latent, unconstrained_shapes
 
 __all__ = ["LaplaceApproximation"]
 
@@ -60,7 +61,8 @@ class LaplaceApproximation(EvidenceMixin, AutoContinuous):
     :class:`~pyro_sgmcmc.guides.kron.KronPrecision`); the buffer ``precision`` is its ``(d,)``
     diagonal, its ``(d, d)`` matrix or, for ``"kron"``, the reciprocal marginal variances.
     The vector :math:`\\theta` follows Pyro's ``AutoContinuous`` layout (sites in the order the
-    model samples them); :attr:`site_slices` gives each site's slice.
+    model samples them); :attr:`site_slices` gives each site's slice, :attr:`site_shapes` its
+    unconstrained shape.
 
     Parameters
     ----------
@@ -126,22 +128,16 @@ class LaplaceApproximation(EvidenceMixin, AutoContinuous):
         self._prior_precision: Optional[Dict[str, torch.Tensor]] = None
         # the layout of the latent vector, from the prototype trace (as AutoContinuous sets it up)
         self.prototype_trace = prototype_trace
-        self._prototype_frames = prototype_frames(prototype_trace)
-        self._unconstrained_shapes = unconstrained_shapes(prototype_trace)
-        self._cond_indep_stacks = {
-            name: site["cond_indep_stack"] for name, site in prototype_trace.iter_stochastic_nodes()
-        }
-        self.latent_dim = sum(math.prod(shape) for shape in self._unconstrained_shapes.values())
-        self.site_slices = site_slices(prototype_trace, self._unconstrained_shapes)
+        self.site_shapes = unconstrained_shapes(prototype_trace)
+        AutoGuideInternals.set_layout(self, prototype_trace, self.site_shapes)
+        self.latent_dim = sum(math.prod(shape) for shape in self.site_shapes.values())
+        self.site_slices = site_slices(prototype_trace, self.site_shapes)
         self.kron_factors = kron_factors
         #: :math:`H` as a :class:`~pyro_sgmcmc.guides.precision.Precision` (no prior, likelihood scale 1)
         self.likelihood_precision: Precision = make_precision(self.likelihood_curvature, self.site_slices, kron_factors)
         self.posterior_precision: Precision = self.likelihood_precision
+        self.register_buffer("precision", None)  # set by set_prior_precision
         self.set_prior_precision(prior_precision)
-
-    def _setup_prototype(self, *args, **kwargs) -> None:  # pragma: no cover - built from AutoLaplace
-        if self.prototype_trace is None:
-            raise ValueError("build a LaplaceApproximation with AutoLaplace.laplace_approximation(...)")
 
     @property
     def is_diagonal(self) -> bool:
@@ -194,10 +190,7 @@ class LaplaceApproximation(EvidenceMixin, AutoContinuous):
         posterior = self.likelihood_precision.with_prior(prior, self.likelihood_scale(), what)
         posterior.check()
         self.posterior_precision = posterior
-        if "precision" in self._buffers:
-            self.precision = posterior.as_tensor().detach()
-        else:
-            self.register_buffer("precision", posterior.as_tensor().detach())
+        self.precision = posterior.as_tensor().detach()
 
     def precision_dict(self, value: PriorPrecision, name: str) -> Dict[str, torch.Tensor]:
         """``{site: tensor}`` from a checked scalar or mapping (sites left out of a mapping get 1)."""
@@ -225,13 +218,13 @@ class LaplaceApproximation(EvidenceMixin, AutoContinuous):
         ``MultivariateNormal`` (dense) or :class:`~pyro_sgmcmc.guides.kron.KroneckerNormal` (``"kron"``)."""
         return self.posterior_precision.distribution(self.loc)
 
-    def _loc_scale(self, *args, **kwargs):
-        return self.loc, self.posterior_precision.variances().sqrt()
+    def _loc_scale(self, *args, **kwargs):  # AutoContinuous's hook: its median and quantiles call it
+        return self.loc, self.scale
 
     @property
     def scale(self) -> torch.Tensor:
         """Marginal standard deviations in unconstrained space, ``(d,)``."""
-        return self._loc_scale()[1]
+        return self.posterior_precision.variances().sqrt()
 
     @property
     def covariance(self) -> torch.Tensor:
@@ -241,7 +234,8 @@ class LaplaceApproximation(EvidenceMixin, AutoContinuous):
     def params(self, latent: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
         """Constrained site values ``{name: value}`` at ``latent`` (default: the MAP), fixed sites included."""
         latent = self.loc if latent is None else latent
-        values = {site["name"]: biject_to(site["fn"].support)(value) for site, value in self._unpack_latent(latent)}
+        pieces = split_latent(self.prototype_trace, self.site_shapes, latent)
+        values = {site["name"]: biject_to(site["fn"].support)(value) for site, value in pieces}
         return {**self._fixed, **values}
 
     @property
@@ -283,7 +277,7 @@ class LaplaceApproximation(EvidenceMixin, AutoContinuous):
         priors = {}
         loc = self.loc
         for name, site in self.prototype_trace.iter_stochastic_nodes():
-            shape = self._unconstrained_shapes[name]
+            shape = self.site_shapes[name]
             event_dim = site["fn"].event_dim + len(shape) - site["value"].dim()
             base = self.posterior_precision.site_distribution(loc, name, shape, event_dim)
             priors[name] = site_prior(base, site)

@@ -272,7 +272,7 @@ class KroneckerNormal(TorchDistribution):
         return self.precision.variances()
 
     def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        shape = self._extended_shape(sample_shape)
+        shape = torch.Size(sample_shape) + self.batch_shape + self.event_shape
         noise = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
         return self.loc + self.precision.apply_power(noise, -0.5)
 

@@ -34,7 +34,7 @@ from .approximation import LaplaceApproximation
 from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_terms
 from .evidence import gaussian_noise
 from .laplace_evidence import PriorPrecision
-from .sites import potential_permutation, site_slices
+from .sites import potential_permutation, site_slices, unconstrained_shapes
 from .subset import check_subset, fix_sites, subset_names
 
 __all__ = ["AutoLaplace", "LaplaceApproximation"]
@@ -155,7 +155,14 @@ class AutoLaplace(AutoLaplaceApproximation):
         """The model as given (``self.model`` is Pyro's wrapped copy)."""
         return self._model_box[0]
 
-    def _setup_prototype(self, *args, **kwargs) -> None:
+    def forward(self, *args, **kwargs) -> Dict[str, torch.Tensor]:
+        """The MAP point's sites (Pyro's ``AutoLaplaceApproximation``); the first call checks the model first."""
+        if self.prototype_trace is None:  # the first call: Pyro's forward sets the guide up from the model
+            self._check_latent_sites(args, kwargs)
+        return super().forward(*args, **kwargs)
+
+    def _check_latent_sites(self, args: tuple, kwargs: dict) -> None:
+        """A clear error for discrete latent sites and latent sites inside a subsampled plate."""
         with poutine.block():
             trace = poutine.trace(self.model).get_trace(*args, **kwargs)
         discrete, local = [], []
@@ -176,7 +183,6 @@ class AutoLaplace(AutoLaplaceApproximation):
                 f"latent sites {local} are inside a subsampled plate; a Laplace approximation over all latent "
                 "sites needs them global (move them out of the plate or drop subsample_size)"
             )
-        super()._setup_prototype(*args, **kwargs)
 
     def _loc_scale(self, *args, **kwargs):
         """The MAP point and a zero scale: :meth:`median` gives the MAP in constrained space."""
@@ -210,7 +216,8 @@ class AutoLaplace(AutoLaplaceApproximation):
                 "Use 'diag_ggn' or 'diag_ef' for this model"
             )
         loc = self.loc.detach()
-        slices = site_slices(self.prototype_trace, self._unconstrained_shapes)
+        shapes = unconstrained_shapes(self.prototype_trace)
+        slices = site_slices(self.prototype_trace, shapes)
         if not torch.isfinite(loc).all():
             bad = [name for name, where in slices.items() if not torch.isfinite(loc[where]).all()]
             raise ValueError(
@@ -220,7 +227,7 @@ class AutoLaplace(AutoLaplaceApproximation):
         names, fixed = self._split_sites(args, kwargs)
         loc = torch.cat([loc[slices[name]] for name in names])
         potential = ModelPotential(fix_sites(self.raw_model, fixed), args, kwargs)
-        perm = potential_permutation(names, self._unconstrained_shapes, potential)
+        perm = potential_permutation(names, shapes, potential)
         position = torch.empty_like(loc)
         position[perm] = loc  # guide order -> potential (sorted-name) order
         likelihood = likelihood_curvature(

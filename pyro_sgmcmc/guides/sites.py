@@ -23,7 +23,6 @@ __all__ = [
     "is_identity_transform",
     "site_prior",
     "reshaped",
-    "prototype_frames",
     "potential_permutation",
 ]
 
@@ -51,16 +50,6 @@ def split_latent(trace, shapes, latent: torch.Tensor) -> Iterator[Tuple[dict, to
     batch = latent.shape[:-1]
     for name, where in site_slices(trace, shapes).items():
         yield trace.nodes[name], latent[..., where].reshape(batch + shapes[name])
-
-
-def prototype_frames(trace) -> Dict[str, object]:
-    """``{plate name: frame}`` of the vectorised plates around the latent sites (as ``AutoGuide`` keeps them)."""
-    return {
-        frame.name: frame
-        for _, site in trace.iter_stochastic_nodes()
-        for frame in site["cond_indep_stack"]
-        if frame.vectorized
-    }
 
 
 def is_identity_transform(transform) -> bool:

@@ -25,6 +25,7 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide import AutoDiagonalNormal
 from pyro.infer.autoguide.initialization import init_to_median
 
+from .._compat import AutoGuideInternals
 from ..model.potential import ModelPotential
 from ._checks import NOT_GIVEN, check_bool, check_callable, check_positive_real, renamed_argument
 from .sites import site_prior, split_latent, unconstrained_shapes
@@ -145,7 +146,8 @@ class AutoDiagVI(TemperedGuide, AutoDiagonalNormal):
         self._init_loc_strategy = init_loc_fn
         self._unwrapped_model = (model,)  # a tuple: never registered as a submodule (as AutoGuide does)
         self._warned_untempered = False
-        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=_check_init_scale(init_scale))
+        self._initial_sigma = _check_init_scale(init_scale)
+        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=self._initial_sigma)
 
     @property
     def stl(self) -> bool:
@@ -156,7 +158,7 @@ class AutoDiagVI(TemperedGuide, AutoDiagonalNormal):
     @property
     def init_scale(self) -> float:
         """The initial :math:`\\sigma` of every unconstrained coordinate."""
-        return self._init_scale
+        return self._initial_sigma
 
     @property
     def log_scale(self) -> torch.nn.Parameter:
@@ -167,24 +169,25 @@ class AutoDiagVI(TemperedGuide, AutoDiagonalNormal):
         self._unwrapped_model = None  # as AutoGuide drops its model: functions and weakrefs do not pickle
         return super().__getstate__()
 
-    def _setup_prototype(self, *args, **kwargs) -> None:
+    def _check_model(self, args: tuple, kwargs: dict) -> None:
+        """The package's model inspection, before Pyro sets the guide up: a clear ModelError naming discrete
+        latent sites, latent sites inside subsampled plates, or a model without latent sites."""
         model = self._unwrapped_model[0] if self._unwrapped_model else self.model
-        # The package's model inspection: a clear ModelError naming discrete latent sites, latent
-        # sites inside subsampled plates, or a model without latent sites.
         ModelPotential(model, args, kwargs, init_strategy=self._init_loc_strategy)
-        super()._setup_prototype(*args, **kwargs)
 
     def sample_latent(self, *args, **kwargs) -> torch.Tensor:
         """Draw the flat unconstrained latent :math:`z` (with the STL ``log_prob`` if ``sticking_the_landing``)."""
         if not self.sticking_the_landing:
             return super().sample_latent(*args, **kwargs)
         posterior = _StickingTheLandingNormal(self.loc, self.scale).to_event(1)
-        return pyro.sample(f"_{self._pyro_name}_latent", posterior, infer={"is_auxiliary": True})
+        return pyro.sample(AutoGuideInternals.latent_site_name(self), posterior, infer={"is_auxiliary": True})
 
     def forward(self, *args, **kwargs) -> Dict[str, torch.Tensor]:
         """Draw every latent site (takes the model's arguments, returns ``{name: constrained value}``)."""
         if self.is_tempered and not self._warned_untempered:
             self._warn_if_untempered()
+        if self.prototype_trace is None:  # the first call: Pyro's forward sets the guide up from the model
+            self._check_model(args, kwargs)
         return super().forward(*args, **kwargs)
 
     def _warn_if_untempered(self) -> None:

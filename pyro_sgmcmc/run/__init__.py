@@ -5,6 +5,7 @@
 * :mod:`~pyro_sgmcmc.run.checkpoint`: what a run writes to its checkpoint and how it resumes.
 * :mod:`~pyro_sgmcmc.run.checkpoint_settings`: where and how often it writes it (:class:`CheckpointSettings`).
 * :mod:`~pyro_sgmcmc.run.partial`: what is left of an interrupted run.
+* :mod:`~pyro_sgmcmc.run.readers`: a run's draws and Pyro's readers of them (:class:`Draws`).
 * :mod:`~pyro_sgmcmc.run.starts`: every chain's starting point, as a vectorised run draws it.
 """
 
@@ -12,11 +13,13 @@ from .checkpoint_settings import CheckpointSettings
 from .length import RunLength
 from .loop import ChainRun, Chains, RunResult
 from .partial import PartialRun, PartialRunWarning, RunNotFinished
+from .readers import Draws
 
 __all__ = [
     "ChainRun",
     "Chains",
     "CheckpointSettings",
+    "Draws",
     "RunLength",
     "RunResult",
     "PartialRun",
