@@ -80,6 +80,7 @@ def philox4x32(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """The Philox4x32-10 block: ``(..., 4)`` words of ``counter`` and ``(..., 2)`` words of ``key`` (int64 in
     ``[0, 2^32)``, broadcasting against each other) to ``(..., 4)`` int64 words in ``[0, 2^32)``.
 
+    >>> from pyro_sgmcmc.chains.philox import philox4x32
     >>> [hex(w) for w in philox4x32(torch.zeros(4, dtype=torch.long), torch.zeros(2, dtype=torch.long)).tolist()]
     ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
     """

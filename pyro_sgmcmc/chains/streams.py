@@ -80,6 +80,7 @@ class ChainGenerators:
 
     Examples
     --------
+    >>> from pyro_sgmcmc.chains.streams import ChainGenerators
     >>> streams = ChainGenerators(0, [3, 7])
     >>> noise = streams.normal((5,), torch.float32, step=12)
     >>> torch.equal(noise[1], ChainGenerators(0, [7]).normal((5,), torch.float32, step=12)[0])
