@@ -43,6 +43,7 @@ from typing import Dict, Tuple, Union
 import torch
 
 __all__ = [
+    "CPU_TILE_BLOCKS",
     "DRAW_AHEAD_BLOCKS",
     "MULTIPLIERS",
     "ROUNDS",
@@ -63,6 +64,8 @@ _MASK = 0xFFFFFFFF
 _TWO_PI = 2.0 * math.pi
 #: An int step's evaluation covers the next steps too while ``steps x streams x blocks`` stays under this.
 DRAW_AHEAD_BLOCKS = 2**14
+#: On the CPU, a draw of more blocks than this is evaluated in tiles of about this many (their buffers stay in cache).
+CPU_TILE_BLOCKS = 2**16
 #: per dtype: (normals per block, bits dropped from a word for float32 / from the high word for float64)
 _LAYOUT = {torch.float32: (4, 9), torch.float64: (2, 12)}
 
@@ -200,8 +203,10 @@ class PhiloxNormals:
         round_keys = (keys + rounds * weyl) & _MASK  # (ROUNDS, streams, 2): the key of each round
         self.round_keys = [(k[:, 0:1], k[:, 1:2]) for k in round_keys]  # (streams, 1) each: broadcast over blocks
         self.last_key = round_keys[-1].T.flip(0).view(2, 1, -1, 1).contiguous()  # (k1, k0) of the last round
-        self.multipliers = torch.tensor(MULTIPLIERS, device=keys.device).sub(1 << 32).view(2, 1, 1, 1)
+        self.multipliers = torch.tensor(MULTIPLIERS, device=keys.device).view(2, 1, 1, 1)  # unsigned: products wrap
+        self.keys, self.tiled = keys, keys.device.type == "cpu"  # the tiles themselves are not tiled
         self._scratch: Dict[Tuple[torch.dtype, int, int], _Scratch] = {}
+        self._tiles: Dict[Tuple[torch.dtype, int], Tuple[PhiloxNormals, ...]] = {}
 
     def scratch(self, dtype: torch.dtype, values: int, steps: int = 1) -> _Scratch:
         """The buffers for draws of ``values`` per stream in ``dtype``, ``steps`` at a time (the last two kept)."""
@@ -213,6 +218,21 @@ class PhiloxNormals:
                 del self._scratch[next(iter(self._scratch))]
             self._scratch[key] = _Scratch(self.num_streams, self.blocks(dtype, values), steps, dtype, self.device)
         return self._scratch[key]
+
+    def tiles(self, dtype: torch.dtype, values: int) -> Tuple[PhiloxNormals, ...]:
+        """The streams split into tiles, each drawn alone (so its buffers stay in cache): on the CPU, into
+        ``ceil(streams x blocks / CPU_TILE_BLOCKS)`` near-equal tiles; on other devices, one (``(self,)``).
+        Each tile has at least ``CPU_TILE_BLOCKS / 4 = DRAW_AHEAD_BLOCKS`` blocks, so none draws ahead."""
+        count = -(-self.num_streams * self.blocks(dtype, values) // CPU_TILE_BLOCKS)
+        if not self.tiled or count <= 1:
+            return (self,)
+        if (dtype, values) not in self._tiles:
+            if len(self._tiles) >= 2:
+                del self._tiles[next(iter(self._tiles))]
+            self._tiles[dtype, values] = tuple(PhiloxNormals(keys) for keys in self.keys.tensor_split(count))
+            for tile in self._tiles[dtype, values]:
+                tile.tiled = False
+        return self._tiles[dtype, values]
 
     @staticmethod
     def blocks(dtype: torch.dtype, values: int) -> int:
@@ -233,6 +253,11 @@ class PhiloxNormals:
         if values == 0:
             return out
         dtype = out.dtype if out.dtype in _LAYOUT else torch.float32
+        tiles = self.tiles(dtype, values)
+        if len(tiles) > 1:
+            for tile, rows in zip(tiles, out.tensor_split(len(tiles))):
+                tile.fill(rows, step)
+            return out
         ahead = (
             1 if torch.is_tensor(step) else max(1, DRAW_AHEAD_BLOCKS // (self.num_streams * self.blocks(dtype, values)))
         )
@@ -259,7 +284,13 @@ class PhiloxNormals:
     def _rounds(self, s: _Scratch, step: Step) -> None:
         """The ten rounds; after them ``s.h`` holds the words ``(x2, x0)`` and the last product ``(x3, x1)``
         (its low 32 bits). Lanes: ``a = (x0, x2)``; the products ``(p0, p2)`` hold ``(x3, x1)`` of the next
-        round in their low words, unmasked (the mask is applied to ``a`` after the xor)."""
+        round in their low words, unmasked.
+
+        Five passes a round: the product :math:`p = a M` of a word and an unsigned multiplier is taken modulo
+        :math:`2^{64}` (the int64 multiplication wraps, as the hardware's does: the bits of the 64-bit product
+        are exact), so its high word is bits 32-63 of ``p >> 32``; the arithmetic shift's sign bits above
+        them, and the bits above the low word of the previous product, are cleared by one mask after the xors
+        (:math:`(h \\oplus p' \\oplus k) \\wedge (2^{32} - 1)`, as ``k < 2^{32}``)."""
         steps, shifted = s.step_words
         torch.add(s.offsets, step, out=steps)  # the steps t, t + 1, ... evaluated together
         s.step_high.copy_(torch.bitwise_right_shift(steps, 32, out=shifted))
@@ -267,7 +298,7 @@ class PhiloxNormals:
         # round 0 on the counter, which every stream shares; the keys spread it over the streams
         torch.mul(s.counter_a, self.multipliers, out=s.first_product)
         torch.bitwise_right_shift(s.first_product, 32, out=s.first_high)
-        s.first_high.add_(s.counter_a).bitwise_xor_(s.counter_b)
+        s.first_high.bitwise_xor_(s.counter_b).bitwise_and_(_MASK)
         k0, k1 = self.round_keys[0]
         torch.bitwise_xor(s.first_high_lanes[1], k0, out=s.a_lanes[0])
         torch.bitwise_xor(s.first_high_lanes[0], k1, out=s.a_lanes[1])
@@ -275,8 +306,7 @@ class PhiloxNormals:
         for r in range(1, ROUNDS):
             product = s.products[r % 2]
             torch.mul(s.a, self.multipliers, out=product)
-            torch.bitwise_right_shift(product, 32, out=s.h)
-            s.h.add_(s.a).bitwise_xor_(low)  # (h0 ^ x3, h1 ^ x1)
+            torch.bitwise_right_shift(product, 32, out=s.h).bitwise_xor_(low)  # (h0 ^ x3, h1 ^ x1), high bits junk
             if r < ROUNDS - 1:
                 k0, k1 = self.round_keys[r]
                 torch.bitwise_xor(s.h_lanes[1], k0, out=s.a_lanes[0])
@@ -293,10 +323,10 @@ class PhiloxNormals:
         radius, angle, cosine = s.radius_lanes, s.angle_lanes, s.cosine_lanes
         if s.dtype == torch.float32:
             high.bitwise_right_shift_(9)
-            torch.add(s.half, high, alpha=2.0**-23, out=s.radius)  # (u2, u0)
+            torch.add(s.half, s.radius.copy_(high), alpha=2.0**-23, out=s.radius)  # (u2, u0)
             s.radius.log_().mul_(-2.0).sqrt_()
             low.bitwise_right_shift_(9).bitwise_and_((1 << 23) - 1)
-            torch.add(s.half, low, alpha=2.0**-23, out=s.angle).mul_(_TWO_PI)  # (u3, u1) * 2 pi
+            torch.add(s.half, s.angle.copy_(low), alpha=2.0**-23, out=s.angle).mul_(_TWO_PI)  # (u3, u1) * 2 pi
             torch.cos(s.angle, out=s.cosine)
             s.angle.sin_()
             for lane, first in ((1, 0), (0, 2)):  # (r0, angle1) -> z0, z1; (r2, angle3) -> z2, z3
@@ -305,7 +335,7 @@ class PhiloxNormals:
         else:
             low.bitwise_and_(_MASK)
             high.bitwise_right_shift_(12).bitwise_left_shift_(32).bitwise_or_(low)  # (bits of u1, of u0)
-            torch.add(s.half, high, alpha=2.0**-52, out=s.uniform)
+            torch.add(s.half, s.uniform.copy_(high), alpha=2.0**-52, out=s.uniform)
             torch.log(s.uniform_lanes[1], out=s.radius).mul_(-2.0).sqrt_()
             angle = s.uniform_lanes[0].mul_(_TWO_PI)
             torch.cos(angle, out=s.cosine)
