@@ -65,7 +65,7 @@ _TWO_PI = 2.0 * math.pi
 #: An int step's evaluation covers the next steps too while ``steps x streams x blocks`` stays under this.
 DRAW_AHEAD_BLOCKS = 2**14
 #: On the CPU, a draw of more blocks than this is evaluated in tiles of about this many (their buffers stay in cache).
-CPU_TILE_BLOCKS = 2**16
+CPU_TILE_BLOCKS = 2**17
 #: per dtype: (normals per block, bits dropped from a word for float32 / from the high word for float64)
 _LAYOUT = {torch.float32: (4, 9), torch.float64: (2, 12)}
 
@@ -171,6 +171,8 @@ class _Scratch:
             t.unbind(0) for t in (self.radius, getattr(self, "angle", self.radius), self.cosine)
         )
         self.uniform_lanes = self.uniform.unbind(0) if dtype == torch.float64 else ()
+        # the last round keeps only the bits the uniforms use: a word's high 23 (float32), the high word's 20 (float64)
+        self.last_mask = _MASK ^ ((1 << _LAYOUT[dtype][1]) - 1)
         self.half = torch.tensor(0.5 * 2.0 ** -(23 if dtype == torch.float32 else 52), dtype=dtype, device=device)
 
 
@@ -313,7 +315,7 @@ class PhiloxNormals:
                 torch.bitwise_xor(s.h_lanes[0], k1, out=s.a_lanes[1])
                 s.a.bitwise_and_(_MASK)
             else:
-                s.h.bitwise_xor_(self.last_key).bitwise_and_(_MASK)
+                s.h.bitwise_xor_(self.last_key).bitwise_and_(s.last_mask)
             low = product
 
     def _box_muller(self, s: _Scratch, out: Tuple[torch.Tensor, ...]) -> None:
@@ -322,11 +324,11 @@ class PhiloxNormals:
         high, low = s.h, s.products[(ROUNDS - 1) % 2]  # high (x2, x0), low (x3, x1) unmasked
         radius, angle, cosine = s.radius_lanes, s.angle_lanes, s.cosine_lanes
         if s.dtype == torch.float32:
-            high.bitwise_right_shift_(9)
-            torch.add(s.half, s.radius.copy_(high), alpha=2.0**-23, out=s.radius)  # (u2, u0)
+            # w with its low 9 bits cleared is k 2^9, k < 2^23: exact in float32, and k 2^-23 = (k 2^9) 2^-32
+            torch.add(s.half, s.radius.copy_(high), alpha=2.0**-32, out=s.radius)  # (u2, u0)
             s.radius.log_().mul_(-2.0).sqrt_()
-            low.bitwise_right_shift_(9).bitwise_and_((1 << 23) - 1)
-            torch.add(s.half, s.angle.copy_(low), alpha=2.0**-23, out=s.angle).mul_(_TWO_PI)  # (u3, u1) * 2 pi
+            low.bitwise_and_(s.last_mask)
+            torch.add(s.half, s.angle.copy_(low), alpha=2.0**-32, out=s.angle).mul_(_TWO_PI)  # (u3, u1) * 2 pi
             torch.cos(s.angle, out=s.cosine)
             s.angle.sin_()
             for lane, first in ((1, 0), (0, 2)):  # (r0, angle1) -> z0, z1; (r2, angle3) -> z2, z3
@@ -334,7 +336,7 @@ class PhiloxNormals:
                 torch.mul(radius[lane], angle[lane], out=out[first + 1])
         else:
             low.bitwise_and_(_MASK)
-            high.bitwise_right_shift_(12).bitwise_left_shift_(32).bitwise_or_(low)  # (bits of u1, of u0)
+            high.bitwise_left_shift_(20).bitwise_or_(low)  # bits of (u1, u0): (w >> 12) << 32 = (w & ~4095) << 20
             torch.add(s.half, s.uniform.copy_(high), alpha=2.0**-52, out=s.uniform)
             torch.log(s.uniform_lanes[1], out=s.radius).mul_(-2.0).sqrt_()
             angle = s.uniform_lanes[0].mul_(_TWO_PI)
