@@ -29,7 +29,11 @@ smallest ``u`` bounds the normals: :math:`|z| \\le 5.77` in float32 (a standard 
 probability 8e-9), :math:`8.57` in float64.
 
 :class:`PhiloxNormals` evaluates a whole draw, every stream (key) at once, with a fixed number of tensor
-operations (about 90, whatever the number of streams and values), on the keys' device.
+operations (about 80, whatever the number of streams and values), on the keys' device; there the products
+are taken modulo :math:`2^{64}` (``x M`` with ``M`` unsigned: the int64 multiplication wraps, its bits are
+exact) and one mask a round clears the bits above the words. On the CPU a draw of more than
+:data:`CPU_TILE_BLOCKS` blocks is made in tiles of rows, each such a sequence, so that its buffers stay in
+cache (twice as fast at 4096 rows of 3151 values): its operations then grow with the total work.
 
 Reference: J. K. Salmon, M. A. Moraes, R. O. Dror and D. E. Shaw, "Parallel random numbers: as easy as 1, 2,
 3", SC'11 (2011); the known-answer vectors of its Random123 library are tested in ``tests/chains/test_philox.py``.
@@ -183,10 +187,11 @@ class PhiloxNormals:
     values is the first ``D`` of its blocks).
 
     So a row depends on its key, ``t`` and ``D`` only: not on the other rows, their number or order. An
-    evaluation is a fixed sequence of about 90 tensor operations over all rows together (none per row), in
-    buffers set up at the first draw of each shape and dtype. A step given as a 0-d tensor is read on the
-    device (no host synchronisation) and evaluated alone. For a step given as an int, when the rows are few
-    (``streams x blocks`` under :data:`DRAW_AHEAD_BLOCKS`) the evaluation covers the next
+    evaluation is a fixed sequence of about 80 tensor operations over all rows together (none per row), in
+    buffers set up at the first draw of each shape and dtype; on the CPU, one such sequence per tile of rows
+    (:meth:`tiles`) when ``streams x blocks`` is over :data:`CPU_TILE_BLOCKS`. A step given as a 0-d
+    tensor is read on the device (no host synchronisation) and evaluated alone. For a step given as an int,
+    when the rows are few (``streams x blocks`` under :data:`DRAW_AHEAD_BLOCKS`) the evaluation covers the next
     ``DRAW_AHEAD_BLOCKS // (streams x blocks)`` steps too, and the draws of those steps are then copied
     from it (one operation): the fixed cost of the operations is shared, the values are the same.
 
