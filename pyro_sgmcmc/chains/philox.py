@@ -31,9 +31,9 @@ probability 8e-9), :math:`8.57` in float64.
 :class:`PhiloxNormals` evaluates a whole draw, every stream (key) at once, with a fixed number of tensor
 operations (about 80, whatever the number of streams and values), on the keys' device; there the products
 are taken modulo :math:`2^{64}` (``x M`` with ``M`` unsigned: the int64 multiplication wraps, its bits are
-exact) and one mask a round clears the bits above the words. On the CPU a draw of more than
-:data:`CPU_TILE_BLOCKS` blocks is made in tiles of rows, each such a sequence, so that its buffers stay in
-cache (twice as fast at 4096 rows of 3151 values): its operations then grow with the total work.
+exact) and one mask a round clears the bits above the words. The operations never depend on the number of
+streams, on the CPU either: cache-sized tiles of rows were measured 1.4x faster at 4096 rows of 3151 values
+(2026-11-27) but make the count grow with the work, and were not kept.
 
 Reference: J. K. Salmon, M. A. Moraes, R. O. Dror and D. E. Shaw, "Parallel random numbers: as easy as 1, 2,
 3", SC'11 (2011); the known-answer vectors of its Random123 library are tested in ``tests/chains/test_philox.py``.
@@ -47,7 +47,6 @@ from typing import Dict, Tuple, Union
 import torch
 
 __all__ = [
-    "CPU_TILE_BLOCKS",
     "DRAW_AHEAD_BLOCKS",
     "MULTIPLIERS",
     "ROUNDS",
@@ -68,8 +67,6 @@ _MASK = 0xFFFFFFFF
 _TWO_PI = 2.0 * math.pi
 #: An int step's evaluation covers the next steps too while ``steps x streams x blocks`` stays under this.
 DRAW_AHEAD_BLOCKS = 2**14
-#: On the CPU, a draw of more blocks than this is evaluated in tiles of about this many (their buffers stay in cache).
-CPU_TILE_BLOCKS = 2**17
 #: per dtype: (normals per block, bits dropped from a word for float32 / from the high word for float64)
 _LAYOUT = {torch.float32: (4, 9), torch.float64: (2, 12)}
 
@@ -188,8 +185,7 @@ class PhiloxNormals:
 
     So a row depends on its key, ``t`` and ``D`` only: not on the other rows, their number or order. An
     evaluation is a fixed sequence of about 80 tensor operations over all rows together (none per row), in
-    buffers set up at the first draw of each shape and dtype; on the CPU, one such sequence per tile of rows
-    (:meth:`tiles`) when ``streams x blocks`` is over :data:`CPU_TILE_BLOCKS`. A step given as a 0-d
+    buffers set up at the first draw of each shape and dtype. A step given as a 0-d
     tensor is read on the device (no host synchronisation) and evaluated alone. For a step given as an int,
     when the rows are few (``streams x blocks`` under :data:`DRAW_AHEAD_BLOCKS`) the evaluation covers the next
     ``DRAW_AHEAD_BLOCKS // (streams x blocks)`` steps too, and the draws of those steps are then copied
@@ -211,9 +207,8 @@ class PhiloxNormals:
         self.round_keys = [(k[:, 0:1], k[:, 1:2]) for k in round_keys]  # (streams, 1) each: broadcast over blocks
         self.last_key = round_keys[-1].T.flip(0).view(2, 1, -1, 1).contiguous()  # (k1, k0) of the last round
         self.multipliers = torch.tensor(MULTIPLIERS, device=keys.device).view(2, 1, 1, 1)  # unsigned: products wrap
-        self.keys, self.tiled = keys, keys.device.type == "cpu"  # the tiles themselves are not tiled
+        self.keys = keys
         self._scratch: Dict[Tuple[torch.dtype, int, int], _Scratch] = {}
-        self._tiles: Dict[Tuple[torch.dtype, int], Tuple[PhiloxNormals, ...]] = {}
 
     def scratch(self, dtype: torch.dtype, values: int, steps: int = 1) -> _Scratch:
         """The buffers for draws of ``values`` per stream in ``dtype``, ``steps`` at a time (the last two kept)."""
@@ -225,21 +220,6 @@ class PhiloxNormals:
                 del self._scratch[next(iter(self._scratch))]
             self._scratch[key] = _Scratch(self.num_streams, self.blocks(dtype, values), steps, dtype, self.device)
         return self._scratch[key]
-
-    def tiles(self, dtype: torch.dtype, values: int) -> Tuple[PhiloxNormals, ...]:
-        """The streams split into tiles, each drawn alone (so its buffers stay in cache): on the CPU, into
-        ``ceil(streams x blocks / CPU_TILE_BLOCKS)`` near-equal tiles; on other devices, one (``(self,)``).
-        Each tile has at least ``CPU_TILE_BLOCKS / 4 = DRAW_AHEAD_BLOCKS`` blocks, so none draws ahead."""
-        count = -(-self.num_streams * self.blocks(dtype, values) // CPU_TILE_BLOCKS)
-        if not self.tiled or count <= 1:
-            return (self,)
-        if (dtype, values) not in self._tiles:
-            if len(self._tiles) >= 2:
-                del self._tiles[next(iter(self._tiles))]
-            self._tiles[dtype, values] = tuple(PhiloxNormals(keys) for keys in self.keys.tensor_split(count))
-            for tile in self._tiles[dtype, values]:
-                tile.tiled = False
-        return self._tiles[dtype, values]
 
     @staticmethod
     def blocks(dtype: torch.dtype, values: int) -> int:
@@ -260,11 +240,6 @@ class PhiloxNormals:
         if values == 0:
             return out
         dtype = out.dtype if out.dtype in _LAYOUT else torch.float32
-        tiles = self.tiles(dtype, values)
-        if len(tiles) > 1:
-            for tile, rows in zip(tiles, out.tensor_split(len(tiles))):
-                tile.fill(rows, step)
-            return out
         ahead = (
             1 if torch.is_tensor(step) else max(1, DRAW_AHEAD_BLOCKS // (self.num_streams * self.blocks(dtype, values)))
         )

@@ -24,7 +24,6 @@ import torch
 from scipy import stats
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pyro_sgmcmc.chains import philox
 from pyro_sgmcmc.chains.philox import MULTIPLIERS, WEYL, PhiloxNormals, mulhilo, normals, philox4x32, uniforms
 from pyro_sgmcmc.chains.streams import PURPOSES, ChainGenerators
 
@@ -201,12 +200,10 @@ class _Operators(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_number_of_operators_does_not_depend_on_the_number_of_chains(dtype, monkeypatch):
-    """Untiled (as on CUDA; on the CPU when ``chains x blocks <= CPU_TILE_BLOCKS``, here made large): a step on
-    the device (a 0-d tensor, as a CUDA graph replays it): the same operators at 1, 256 and 4096 chains, none
-    of which reads a value back to the host. A step given as an int: each call is the same evaluation, or (few
+def test_the_number_of_operators_does_not_depend_on_the_number_of_chains(dtype):
+    """A step on the device (a 0-d tensor, as a CUDA graph replays it): the same operators at 1, 256 and 4096
+    chains, none of which reads a value back to the host. A step given as an int: each call is the same evaluation, or (few
     chains) a copy from the steps evaluated ahead with it."""
-    monkeypatch.setattr(philox, "CPU_TILE_BLOCKS", 2**40)
     on_device, evaluations, copies = set(), set(), set()
     for num_chains in (1, 256, 4096):
         streams = ChainGenerators(0, range(num_chains))
@@ -223,34 +220,6 @@ def test_the_number_of_operators_does_not_depend_on_the_number_of_chains(dtype, 
             (evaluations if len(operators.names) > 10 else copies).add(len(operators.names))
     assert len(on_device) == 1 and on_device.pop() < 100
     assert len(evaluations) == 1 and max(copies) <= 6
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cpu_tiles_cost_a_fixed_count_of_operators_each_and_change_no_bit(dtype, monkeypatch):
-    """On the CPU a draw of ``chains x blocks`` over :data:`CPU_TILE_BLOCKS` is made in
-    ``ceil(chains x blocks / CPU_TILE_BLOCKS)`` tiles: its operators are that many times one tile's (its rows'
-    view and its evaluation) plus one (the row count), so they grow with the total work, not with the chains
-    as such; the values are the untiled ones, for steps given as tensors and as ints."""
-    values, blocks, step = 37, PhiloxNormals.blocks(dtype, 37), torch.tensor(9)
-    keys = {c: ChainGenerators(3, range(c)).keys() for c in (64, 256)}
-    untiled = {
-        (c, t): PhiloxNormals(k).fill(torch.empty(c, values, dtype=dtype), t) for c, k in keys.items() for t in (9, 10)
-    }
-    monkeypatch.setattr(philox, "CPU_TILE_BLOCKS", 256)
-    per_tile = set()
-    for num_chains, chain_keys in keys.items():
-        draws, out = PhiloxNormals(chain_keys), torch.empty(num_chains, values, dtype=dtype)
-        draws.fill(out, torch.tensor(0))  # sets up the tiles' buffers (a tensor step's: one step at a time)
-        tiles = -(-num_chains * blocks // 256)
-        assert len(draws.tiles(dtype, values)) == tiles > 1
-        with _Operators() as operators:
-            draws.fill(out, step)
-        assert torch.equal(out, untiled[num_chains, 9])  # bit for bit
-        assert (len(operators.names) - 1) % tiles == 0
-        per_tile.add((len(operators.names) - 1) // tiles)
-        for t in (9, 10, 9):  # int steps: no tile hands back a draw of another tile or step
-            assert torch.equal(draws.fill(out, t), untiled[num_chains, t])
-    assert len(per_tile) == 1 and per_tile.pop() < 100
 
 
 def test_draws_made_ahead_equal_draws_made_alone():
