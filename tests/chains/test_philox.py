@@ -202,8 +202,8 @@ class _Operators(TorchDispatchMode):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_number_of_operators_does_not_depend_on_the_number_of_chains(dtype):
     """A step on the device (a 0-d tensor, as a CUDA graph replays it): the same operators at 1, 256 and 4096
-    chains, none of which reads a value back to the host. A step given as an int: each call is the same evaluation, or (few
-    chains) a copy from the steps evaluated ahead with it."""
+    chains, none of which reads a value back to the host. A step given as an int: each call is the same
+    evaluation, or (few chains) a copy from the steps evaluated ahead with it."""
     on_device, evaluations, copies = set(), set(), set()
     for num_chains in (1, 256, 4096):
         streams = ChainGenerators(0, range(num_chains))
