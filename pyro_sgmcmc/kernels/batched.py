@@ -32,7 +32,7 @@ from .gradients import GradientEstimator, MinibatchGradient
 from .initialisation import global_superchain_ids, initial_positions, preserved_global_rng
 from .sampling import NoiseStream, SamplingRun
 from .state import SGMCMCState
-from .step import Dynamics, finite_point
+from .step import Dynamics, nonfinite_point
 
 __all__ = ["BatchedChains"]
 
@@ -60,9 +60,9 @@ class BatchedChains:
         ``(position buffer, momentum buffer)`` (either may be ``None``) the update may write into."""
         raise NotImplementedError
 
-    #: Which chains' proposed states may be kept (:class:`~pyro_sgmcmc.kernels.step.Dynamics`): a family whose
-    #: update has quantities of its own to check declares its rule here.
-    stability_rule = staticmethod(finite_point)
+    #: Which chains' proposed states must not be kept (:class:`~pyro_sgmcmc.kernels.step.Dynamics`): a family
+    #: whose update has quantities of its own to check declares its rule here.
+    stability_rule = staticmethod(nonfinite_point)
 
     def _init_auxiliary(self, position: torch.Tensor):
         """Return ``(momentum, thermostat)`` at the start (``None`` where the kernel has none)."""

@@ -33,21 +33,21 @@ import torch
 
 from .state import SGMCMCState
 
-__all__ = ["Dynamics", "SamplingParameters", "StepInfo", "finite_point", "propose", "settle", "sampling_step"]
+__all__ = ["Dynamics", "SamplingParameters", "StepInfo", "nonfinite_point", "propose", "settle", "sampling_step"]
 
 #: ``estimator(positions (C, D), indices) -> (U (C,), grad U (C, D))``
 Estimator = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
 
 
-def finite_point(proposed: SGMCMCState) -> torch.Tensor:
-    """The default stability rule: the new point's potential and gradient are finite, ``(C,)`` bool.
+def nonfinite_point(proposed: SGMCMCState) -> torch.Tensor:
+    """The default stability rule: ``(C,)`` bool, the chains whose new potential or gradient is not finite.
 
-    Computed as :math:`s - s = 0` for :math:`s = U + \sum_i 0 \cdot \partial_i U`: a sum of zeros is zero when every
-    term is finite and NaN when one is not (:math:`0 \cdot \pm\infty` is NaN), so the test is exact (a finite
-    gradient whose plain sum would overflow passes) with two passes over the gradient instead of four. (A non-finite
-    position or momentum makes the potential or gradient of the next evaluation non-finite.)"""
-    total = proposed.potential + proposed.grad.mul(0).sum(-1)
-    return (total - total) == 0
+    Computed as :math:`s \\ne s` for :math:`s = \\sum_i 0 \\cdot \\partial_i U + 0 \\cdot U` (``torch.add`` with
+    ``alpha=0``): every term is zero where it is finite and NaN where it is not (:math:`0 \\cdot \\pm\\infty` is
+    NaN), so the test is exact (a finite gradient whose plain sum would overflow passes) in four operations, two
+    of them over the gradient. (A non-finite position or momentum makes the next evaluation non-finite.)"""
+    total = torch.add(proposed.grad.mul(0).sum(-1), proposed.potential, alpha=0)
+    return total != total
 
 
 class Dynamics(NamedTuple):
@@ -58,13 +58,13 @@ class Dynamics(NamedTuple):
     update : callable
         ``update(state, drift, step_size, noise, drift_scale) -> (position, momentum, thermostat)``: one step
         of the discretised diffusion with normalised drift ``drift_scale * drift`` (``kernels/diffusions.py``).
-    stable : callable
-        ``stable(proposed) -> (C,) bool``: the chains whose proposed state may be kept (default
-        :func:`finite_point`).
+    unstable : callable
+        ``unstable(proposed) -> (C,) bool``: the chains whose proposed state must not be kept (default
+        :func:`nonfinite_point`).
     """
 
     update: Callable
-    stable: Callable[[SGMCMCState], torch.Tensor] = finite_point
+    unstable: Callable[[SGMCMCState], torch.Tensor] = nonfinite_point
 
 
 class SamplingParameters(NamedTuple):
@@ -141,30 +141,32 @@ def settle(
     dynamics: Dynamics, parameters: SamplingParameters, state: SGMCMCState, proposed: SGMCMCState
 ) -> Tuple[SGMCMCState, StepInfo]:
     """The divergence rule (module docstring): ``proposed`` where kept, ``state`` elsewhere, and the step's info."""
-    keep = dynamics.stable(proposed)
+    bad = dynamics.unstable(proposed)
     change = None
     if parameters.jump_threshold is not None:
         change = proposed.potential - state.potential
-        keep = keep & (change <= parameters.jump_threshold)  # NaN compares False: already not stable
+        bad = bad | (change > parameters.jump_threshold)
     frozen = state.frozen
-    diverging = ~keep if frozen is None else ~keep & ~frozen
+    diverging = bad if frozen is None else bad & ~frozen  # a frozen chain diverges once
     if parameters.on_divergence == "freeze":
         frozen = diverging if frozen is None else frozen | diverging
-        keep = keep & ~frozen
-    row = keep.unsqueeze(-1)
+        bad = bad | frozen
+    back = bad.unsqueeze(-1)  # the chains put back
     momentum = proposed.momentum
     if momentum is not None:  # a restarted chain restarts at rest; a frozen one keeps its (unused) momentum
-        reset = state.momentum if parameters.on_divergence == "freeze" else 0.0
-        momentum = torch.where(row, momentum, reset)
+        if parameters.on_divergence == "freeze":
+            momentum = torch.where(back, state.momentum, momentum)
+        else:
+            momentum = momentum.masked_fill(back, 0.0)
     thermostat = proposed.thermostat
     if thermostat is not None:
-        thermostat = torch.where(keep, thermostat, state.thermostat)
+        thermostat = torch.where(bad, state.thermostat, thermostat)
     new = SGMCMCState(
-        torch.where(row, proposed.position, state.position),
+        torch.where(back, state.position, proposed.position),
         momentum,
         thermostat,
-        torch.where(keep, proposed.potential, state.potential),
-        torch.where(row, proposed.grad, state.grad),
+        torch.where(bad, state.potential, proposed.potential),
+        torch.where(back, state.grad, proposed.grad),
         proposed.step,
         frozen,
     )
