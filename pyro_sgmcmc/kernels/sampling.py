@@ -101,14 +101,15 @@ class SamplingRun:
         self.record.note(info.diverging)
         self.pending.append(_Pending(state.step, info, indices, parameters, evaluate))
         self.last, self.step_size = (state, proposed), parameters.step_size
-        every = 1 if parameters.on_divergence == "raise" or not getattr(estimator, "replayable", False) else FLUSH_EVERY
-        if len(self.pending) >= every:
-            self.flush(new)
+        replayable = parameters.on_divergence != "raise" and getattr(estimator, "replayable", False)
+        if not replayable or len(self.pending) >= FLUSH_EVERY:
+            self.flush(new, snapshot=replayable)
         return new
 
-    def flush(self, start: SGMCMCState) -> None:
+    def flush(self, start: SGMCMCState, snapshot: bool = True) -> None:
         """Read the pending divergence masks into the record (raising for ``"raise"``), and begin a new window at
-        ``start`` (the kernel's state)."""
+        ``start`` (the kernel's state); ``snapshot=False``: the next window is one step, read before any replay
+        could be needed (the noise stream is not saved)."""
         pending = self.pending
         if pending:
             masks = torch.stack([entry.info.diverging for entry in pending])
@@ -122,7 +123,7 @@ class SamplingRun:
                     self.record.add_sampling(entry.step, entry.step - self.warmup_steps, named[row])
             self.record.frozen = start.frozen
         self.pending, self.last = [], None
-        self.start = (start, self.noise.snapshot())
+        self.start = (start, self.noise.snapshot() if snapshot else None)
 
     def _name(self, flagged: Dict[int, List[int]]) -> Dict[int, List[tuple]]:
         """Per flagged row of the window, ``[(chain, what), ...]`` (replaying the window for earlier rows)."""
