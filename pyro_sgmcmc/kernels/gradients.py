@@ -2,19 +2,19 @@
 
 An estimator is a value with one signature (as BlackJAX's ``grad_estimator``),
 
-.. math:: \texttt{estimator}(z, S) = \big(\\hat U_S(z_c),\\ \nabla \\hat U_S(z_c)\big)_{c = 1..C},
+.. math:: \\texttt{estimator}(z, S) = \\big(\\hat U_S(z_c),\\ \\nabla \\hat U_S(z_c)\\big)_{c = 1..C},
 
 called with the ``(C, D)`` positions and the step's minibatch ``indices`` ``S`` (``{plate name: (C, B)
 indices}``, each chain its own rows, drawn by :class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler`), returning
 ``U`` of shape ``(C,)`` and its gradient ``(C, D)``. Every estimator here is unbiased for the full-data
-:math:`U = -\\log \\pi`, :math:`\\mathbb{E}_S[\\hat U_S(z)] = U(z)` and :math:`\\mathbb{E}_S[\nabla \\hat U_S(z)] =
-\nabla U(z)` over the uniformly drawn minibatch; they differ in variance and cost, and they compose:
+:math:`U = -\\log \\pi`, :math:`\\mathbb{E}_S[\\hat U_S(z)] = U(z)` and :math:`\\mathbb{E}_S[\\nabla \\hat U_S(z)] =
+\\nabla U(z)` over the uniformly drawn minibatch; they differ in variance and cost, and they compose:
 
 * :class:`MinibatchGradient`: the plain estimate, each subsampled plate's log-likelihood scaled by :math:`N / B`,
-  :math:`\\hat U_S(z) = -\\log p(z) - \tfrac{N}{B} \\sum_{n \\in S} \\log p(y_n \\mid z)`; one model evaluation
+  :math:`\\hat U_S(z) = -\\log p(z) - \\tfrac{N}{B} \\sum_{n \\in S} \\log p(y_n \\mid z)`; one model evaluation
   per chain and step;
 * :class:`~pyro_sgmcmc.kernels.control_variates.ControlVariate`: centred at a fixed :math:`\\hat z` with known
-  full-data values, :math:`\nabla U(\\hat z) + \nabla \\hat U_S(z) - \nabla \\hat U_S(\\hat z)`: unbiased because
+  full-data values, :math:`\\nabla U(\\hat z) + \\nabla \\hat U_S(z) - \\nabla \\hat U_S(\\hat z)`: unbiased because
   the two minibatch terms share :math:`S`; two evaluations per chain and step;
 * :func:`all_reduced`: wraps any estimator whose value on rank :math:`r` is an unbiased estimate
   :math:`\\hat U^{(r)}` of the same :math:`U` (each rank its own shard's minibatch, the shard's likelihood scaled
