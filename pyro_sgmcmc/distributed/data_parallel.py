@@ -12,6 +12,7 @@ from pyro.poutine.util import site_is_subsample
 
 from ..chains.minibatch import MinibatchSampler
 from ..chains.streams import ChainGenerators
+from ..kernels.gradients import MinibatchGradient, all_reduced
 from ..model.potential import ModelError, ModelPotential
 from .process import rank_and_size
 
@@ -50,7 +51,9 @@ class DataParallelPotential:
     plate's likelihood scaled by ``P``) and behaves like it, except that
 
     * :meth:`batched_potential_and_grad` draws the rank's own minibatch and returns the average of
-      ``(U_r, grad U_r)`` over the ranks (one all-reduce of ``num_chains * (dim + 1)`` numbers);
+      ``(U_r, grad U_r)`` over the ranks (:func:`~pyro_sgmcmc.kernels.gradients.all_reduced` of the rank's
+      :class:`~pyro_sgmcmc.kernels.gradients.MinibatchGradient`: one all-reduce of ``num_chains * (dim + 1)``
+      numbers);
     * :meth:`initial_position` returns rank 0's starting point on every rank;
     * ``num_data`` is the global ``N`` (the sum of the ranks' plate sizes unless the kernel was
       given ``num_data``), and the subsampled plates are flagged ``user_indices`` so the kernel's
@@ -78,6 +81,11 @@ class DataParallelPotential:
         self.subsample_plates = [replace(p, user_indices=True) for p in inner.subsample_plates]
         self.sampler: Optional[MinibatchSampler] = None
         self.sampler_streams: Optional[ChainGenerators] = None  # the streams the rank's minibatch streams follow
+        # the rank's minibatch estimate on its shard (likelihood scaled by P), averaged over the ranks
+        self.averaged = all_reduced(MinibatchGradient(inner), group)
+
+    #: It draws the rank's minibatches itself: calling it again changes the run (``kernels/sampling.py``).
+    draws_own_minibatches = True
 
     # -- the model's layout and data: the rank's ModelPotential's
     sites = property(lambda self: self.inner.sites, doc="The latent sites (as :class:`ModelPotential`).")
@@ -125,16 +133,13 @@ class DataParallelPotential:
             self._start_run(positions)
         own = dict(indices)
         own.update({name: _rows_for(rows, positions.shape[0]) for name, rows in self.sampler.next().items()})
-        potential, grad = self.inner.batched_potential_and_grad(positions, own)
+        averaged = self.averaged(positions, own)  # every rank's shard estimate, averaged (one all-reduce)
         if not self.scale.seen:
             raise ValueError(
                 f"data_parallel: no observed site lies inside the plate {self.scale.plate!r}; name the sharded "
                 "data plate with data_parallel(kernel, plate=...)"
             )
-        buffer = torch.cat([potential.unsqueeze(-1), grad], dim=-1)
-        dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group)
-        buffer = buffer / self.world_size
-        return buffer[:, 0], buffer[:, 1:]
+        return averaged
 
     def _start_run(self, positions: torch.Tensor) -> None:
         """New chains (a new setup): per-rank minibatch streams, and a check that the replicas agree."""

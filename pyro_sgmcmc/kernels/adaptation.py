@@ -24,6 +24,7 @@ from .creep import drift_offsets
 from .curvature_probes import CurvatureProbes
 from .preconditioning import DENSE_MAX_DIM, MassMatrixAdaptation
 from .state import SGMCMCState, SlowMixingWarning
+from .step import SamplingParameters
 from .warmup import MIN_ADAPTATION_WARMUP, SLOW_MIXING_FRACTION, JumpMonitor, TypicalSetSearch, approach_length
 
 __all__ = ["WarmupDriver"]
@@ -279,3 +280,15 @@ class WarmupDriver:
             if self.kernel.state.step >= self.warmup_steps:
                 self._freeze_step_size()
         self.auto.load_state_dict(saved, self.kernel.potential, device)
+
+    def sampling_parameters(self) -> SamplingParameters:
+        """What sampling reads of the warmup, frozen (:class:`~pyro_sgmcmc.kernels.step.SamplingParameters`): the
+        adapted per-chain step sizes (``None``: the kernel's schedule), the metric's factor :math:`L` (``None``
+        without an adapted metric) and the jump thresholds. One chain's step size stays a ``(1, 1)`` tensor, so
+        that a step has the same operators for any number of chains."""
+        step_size = self.chain_step_size
+        if step_size is not None and not torch.is_tensor(step_size):  # frozen to a number: the tensor it came from
+            adapted = self.adaptation.step_size if self.adaptation is not None else None
+            step_size = adapted if torch.is_tensor(adapted) else torch.tensor([[step_size]])
+        factor = self.adaptation.factor if self.preconditioned else None
+        return SamplingParameters(step_size, factor, self.jump_threshold)

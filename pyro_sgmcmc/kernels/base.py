@@ -151,6 +151,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         self._initial_params: Optional[Dict[str, torch.Tensor]] = None
         self._params: Optional[Dict[str, torch.Tensor]] = None
         self._last_step_size: Union[float, torch.Tensor] = float("nan")
+        self._sampling = None  # the sampling phase's SamplingRun (kernels/sampling.py), from the first sampling step
 
     def configure_dynamics(self) -> None:
         """The kernel's own keyword arguments (a subclass declares them here, keyword-only, and stores each
@@ -220,14 +221,17 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
     def warn_divergences(self) -> None:
         """Warn, naming the counts, if any step of the run diverged (the MCMC drivers call it at the end)."""
         if self.divergence_record is not None:
+            self.flush_divergences()
             self.divergence_record.warn(adapted=self.warmup.adaptation is not None)
 
     def sample(self, params: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Pyro's protocol: one step of the single chain from ``params`` (unconstrained)."""
         if params is not self._params:  # moved by the caller: re-evaluate at the given point
+            self.flush_divergences()
             position = self.potential.pack(params).unsqueeze(0)
             potential, grad = self.evaluate(position, self.minibatches.next())
             self.state = self.state.replace(position=position, potential=potential, grad=grad)
+            self.flush_divergences()  # the divergences' window starts afresh at the new point
         self.step()
         self._params = self.potential.unpack(self.state.position[0])
         return self._params
@@ -237,12 +241,15 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
 
         :class:`pyro.infer.MCMC` asks for it after every step, progress bar or not (then JSON-encodes and logs
         it): the figures are formatted afresh when the phase or the divergence count changes and otherwise
-        every ``LOGGING_EVERY`` steps, not at every step (a progress bar shows a few a second at most)."""
+        every ``LOGGING_EVERY`` steps, not at every step (a progress bar shows a few a second at most). The
+        divergences of sampling are counted as of their last read (``kernels/sampling.py``); a refresh reads them."""
         step = self.state.step if self.state is not None else 0
-        phase, count = self.phase, self.num_divergences
+        phase = self.phase
+        count = 0 if self.divergence_record is None else self.divergence_record.count
         cached = self._logging_cache
         if cached is not None and cached[1:3] == (phase, count) and 0 <= step - cached[0] < LOGGING_EVERY:
             return cached[3]
+        count = self.num_divergences
         shown = OrderedDict(
             [
                 ("phase", phase),
@@ -262,6 +269,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         """Chain ``chain``'s divergences (indices of the divergent *draws*), warmup divergences, final step
         size, and the warmup's statistics: its phases' lengths, the approach's refused steps, the adapted
         inverse mass matrix's diagonal and the sampling phase's jump threshold (``kernels/warmup.py``)."""
+        self.flush_divergences()
         record = self.divergence_record
         out = {
             "divergences": list(record.divergences[chain]),
@@ -278,6 +286,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
     def state_dict(self) -> dict:
         """Everything needed to continue these chains exactly: state, random streams, minibatch
         cursors, divergence records, warmup. Tensors are moved to the CPU (load puts them back)."""
+        self.flush_divergences()
         state = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in self.state.as_dict().items()}
         out = {
             "state": state,
@@ -302,6 +311,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
                 f"{tuple(self.state.position.shape)}"
             )
         self.state = SGMCMCState(**fields)
+        self._sampling = None  # the next sampling step starts it afresh from the restored warmup
         self.generators = ChainGenerators(saved["seed"], saved["chain_ids"], device)
         self.minibatches = MinibatchSampler(self.potential.subsample_plates, self.generators)
         self.minibatches.load_state_dict(saved["minibatches"])
@@ -344,16 +354,21 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
     @property
     def num_divergences(self) -> int:
         """Divergences so far, over all chains, warmup included."""
-        return 0 if self.divergence_record is None else self.divergence_record.count
+        if self.divergence_record is None:
+            return 0
+        self.flush_divergences()
+        return self.divergence_record.count
 
     @property
     def divergences(self) -> List[List[int]]:
         """Per chain, the indices of the divergent draws (sampling phase)."""
+        self.flush_divergences()
         return self.divergence_record.divergences
 
     @property
     def divergence_log(self) -> List[tuple]:
         """``(chain, step, phase, what)`` for every divergence of the run."""
+        self.flush_divergences()
         return self.divergence_record.log
 
     @property

@@ -24,12 +24,15 @@ import torch
 from ..chains.minibatch import MinibatchSampler
 from ..chains.streams import ChainGenerators
 from ..model.potential import ModelPotential
+from ..schedules import Constant
 from . import arguments as checks
 from .control_variates import ControlVariate
 from .divergences import DivergenceRecord
 from .gradients import GradientEstimator, MinibatchGradient
 from .initialisation import global_superchain_ids, initial_positions, preserved_global_rng
+from .sampling import SamplingRun
 from .state import SGMCMCState
+from .step import Dynamics, nonfinite_point
 
 __all__ = ["BatchedChains"]
 
@@ -56,6 +59,10 @@ class BatchedChains:
         ``drift_scale * drift`` (see :mod:`~pyro_sgmcmc.kernels.diffusions`). ``out``, when given, is
         ``(position buffer, momentum buffer)`` (either may be ``None``) the update may write into."""
         raise NotImplementedError
+
+    #: Which chains' proposed states must not be kept (:class:`~pyro_sgmcmc.kernels.step.Dynamics`): a family
+    #: whose update has quantities of its own to check declares its rule here.
+    stability_rule = staticmethod(nonfinite_point)
 
     def _init_auxiliary(self, position: torch.Tensor):
         """Return ``(momentum, thermostat)`` at the start (``None`` where the kernel has none)."""
@@ -223,6 +230,7 @@ class BatchedChains:
         self.divergence_record = DivergenceRecord(
             positions.shape[0], positions.device, self.on_divergence, type(self).__name__
         )
+        self._sampling: Optional[SamplingRun] = None
         self.warmup.setup(warmup_steps)
         self._last_step_size = self.step_size(0)
 
@@ -238,8 +246,21 @@ class BatchedChains:
 
     def step(self) -> SGMCMCState:
         """Advance every chain by one step (the hot path: no set-up work here). The new state is made of new
-        tensors: a state, tensor or view you keep is never overwritten."""
-        state = previous = self.state
+        tensors: a state, tensor or view you keep is never overwritten. In sampling it is the kernel's
+        :attr:`state`; in warmup the driver may replace the kernel's after the step (a momentum reset when the
+        metric changes).
+
+        After warmup the step is :func:`~pyro_sgmcmc.kernels.step.sampling_step` on the parameters the warmup
+        froze (:class:`~pyro_sgmcmc.kernels.sampling.SamplingRun`): draw the minibatch and the noise, call the
+        pure step, hold its state. In warmup the driver (``kernels/adaptation.py``) adapts after each step."""
+        state = self.state
+        if state.step >= self.warmup.warmup_steps:
+            run = self._sampling if self._sampling is not None else self._start_sampling()
+            self.state = state = run.step(self.state, self.minibatches.next(), self.gradient_estimator)
+            self._last_step_size = run.step_size
+            return state
+        # warmup: one step, through the driver (kernels/adaptation.py), which adapts after it
+        previous = state
         warmup = self.warmup
         if warmup.approach is not None and state.step < warmup.approach.num_steps:
             self.divergence_record.last = self.divergence_record.none
@@ -248,7 +269,7 @@ class BatchedChains:
         step_size = self.step_size(state.step) if warmup.chain_step_size is None else warmup.chain_step_size
         # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
         # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
-        noise = self.generators.fill_normal(self._noise, step=state.step) if self._noise is not None else None
+        noise = self._draw_noise(state.step)
         if warmup.preconditioned:  # the same update in w = L^-1 z (see kernels/preconditioning.py)
             position, momentum, thermostat = warmup.transition(
                 state, state.grad, step_size, noise, -self._inverse_num_data
@@ -265,10 +286,45 @@ class BatchedChains:
         if finite is None:
             record.last = record.none
         else:  # sets record.last: the chains that diverged at this step (a frozen chain only once)
-            draw = previous.step - warmup.warmup_steps if previous.step >= warmup.warmup_steps else None
-            state = record.reject(previous, state, finite, draw, self.potential, warmup.jump_threshold, indices)
+            state = record.reject(previous, state, finite, None, self.potential, warmup.jump_threshold, indices)
         self.state = state
         self._last_step_size = step_size
-        if state.step <= warmup.warmup_steps:  # warmup only: nothing of this runs while sampling
-            warmup.after_step(previous, state, record.last)
+        # the driver may then write the kernel's state (a reset momentum, a control variate's arrival): the
+        # returned state is the step's, as before the split (the warmup's own rewrite makes them one)
+        warmup.after_step(previous, state, record.last)
         return state
+
+    def dynamics(self) -> Dynamics:
+        """The kernel's pure step rule: its update (:meth:`transition`) and stability rule (:attr:`stability_rule`)."""
+        return Dynamics(self.transition, self.stability_rule)
+
+    def _draw_noise(self, step: int) -> Optional[torch.Tensor]:
+        """The standard normal noise of step ``step`` in the kernel's buffer (``None`` at ``T = 0``): a function of
+        ``(seed, chain, step)`` alone (:mod:`~pyro_sgmcmc.chains.philox`), so a replay of a step draws its noise
+        again."""
+        if self._noise is None:
+            return None
+        return self.generators.fill_normal(self._noise, step=step)
+
+    def _start_sampling(self) -> SamplingRun:
+        """The end of warmup: the parameters it froze, the pure step's run (``kernels/sampling.py``)."""
+        parameters = self.warmup.sampling_parameters().replace(
+            inverse_num_data=self._inverse_num_data, on_divergence=self.on_divergence
+        )
+        if parameters.step_size is None and isinstance(self.step_size, Constant):  # no schedule to call each step
+            parameters = parameters.replace(step_size=self.step_size(self.state.step))
+        record = self.divergence_record
+        if self.on_divergence == "freeze" and self.state.frozen is None:  # a mask from now on: one shape
+            frozen = record.frozen if record.frozen is not None else torch.zeros_like(record.none)
+            self.state = self.state.replace(frozen=frozen)
+        self._sampling = SamplingRun(
+            self.dynamics(), parameters, self.step_size, self.warmup.warmup_steps, self._draw_noise, record,
+            self.potential, self.state,
+        )  # fmt: skip
+        return self._sampling
+
+    def flush_divergences(self) -> None:
+        """Read the sampling steps' divergences not yet read into :attr:`divergence_record` (``kernels/sampling.py``);
+        the read-outs (``diagnostics()``, ``state_dict()``, ``divergences``, ...) call it."""
+        if self._sampling is not None:
+            self._sampling.flush(self.state)

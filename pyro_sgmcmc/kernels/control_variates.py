@@ -191,6 +191,7 @@ class ControlVariate:
         if not (bool(torch.isfinite(potential_value)) and bool(torch.isfinite(grad).all())):
             raise ValueError("control_variate: the full-data potential or gradient at the centre is not finite")
         self.potential = potential
+        self.replayable = True  # a function of (positions, indices): a replay gives the same values
         self.centre = position
         self.centre_potential = potential_value
         self.centre_grad = grad
@@ -200,6 +201,7 @@ class ControlVariate:
         """The control variate a checkpoint saved (no full-data pass)."""
         self = cls.__new__(cls)
         self.potential = potential
+        self.replayable = True
         self.load_state_dict(saved, device)
         return self
 

@@ -20,7 +20,7 @@ import torch
 
 from .state import DivergenceError, DivergenceWarning, SGMCMCState
 
-__all__ = ["ON_DIVERGENCE", "DivergenceRecord", "nonfinite_sites"]
+__all__ = ["ON_DIVERGENCE", "DivergenceRecord", "describe_divergence", "nonfinite_sites"]
 
 ON_DIVERGENCE = ("restart", "freeze", "raise")
 
@@ -97,15 +97,7 @@ class DivergenceRecord:
         chains = diverging.nonzero().flatten().tolist()
         phase = "warmup" if sampling_step is None else "sampling"
         for chain in chains:
-            chain_indices = None if indices is None else {k: v[chain] for k, v in indices.items()}
-            what = nonfinite_sites(
-                potential, proposed.potential[chain], proposed.grad[chain], proposed.position[chain], chain_indices
-            )
-            if what is None:  # finite: the potential jumped past the chain's threshold (kernels/warmup.py)
-                jump = float(proposed.potential[chain] - state.potential[chain])
-                what = f"a jump of the potential by {jump:.4g} (threshold {float(threshold[chain]):.4g})"
-            else:
-                what = "non-finite " + what
+            what = describe_divergence(potential, state, proposed, chain, indices, threshold)
             self.log.append((chain, state.step, phase, what))
         if chains and self.on_divergence == "raise":
             self._raise(chains)
@@ -113,8 +105,8 @@ class DivergenceRecord:
             for chain in chains:
                 self.divergences[chain].append(sampling_step)
         else:
-            self.num_warmup_divergences += diverging.long()
-        self.num_divergences += diverging.long()
+            self.num_warmup_divergences = self.num_warmup_divergences + diverging
+        self.num_divergences = self.num_divergences + diverging
         self.count += len(chains)
         if self.on_divergence == "freeze" and chains:
             self.frozen = diverging if self.frozen is None else self.frozen | diverging
@@ -135,6 +127,23 @@ class DivergenceRecord:
             torch.where(row, proposed.grad, state.grad),
             state.step + 1,
         )
+
+    def note(self, diverging: torch.Tensor) -> None:
+        """A sampling step's ``(C,)`` mask, on the device (no read): the last step's mask and the per-chain counts;
+        :meth:`add_sampling` records the step on the host later (``kernels/sampling.py``)."""
+        self.last = diverging
+        self.num_divergences = self.num_divergences + diverging
+
+    def add_sampling(self, step: int, draw: int, named: List[tuple]) -> None:
+        """Record that the sampling step from state ``step`` (draw ``draw``) diverged in the chains of ``named``,
+        ``[(chain, what), ...]``, counted on the device already by :meth:`note`; raises for ``"raise"``."""
+        for chain, what in named:
+            self.log.append((chain, step, "sampling", what))
+        if self.on_divergence == "raise":
+            self._raise([chain for chain, _ in named])
+        for chain, _ in named:
+            self.divergences[chain].append(draw)
+        self.count += len(named)
 
     def _raise(self, chains: List[int]) -> None:
         chain, step, phase, what = self.log[-len(chains)]
@@ -188,6 +197,23 @@ class DivergenceRecord:
         self.frozen = None if saved["frozen"] is None else saved["frozen"].to(device)
         self.log = list(saved["divergence_log"])
         self.last = saved["last_diverging"].to(device)
+
+
+def describe_divergence(
+    potential, state: SGMCMCState, proposed: SGMCMCState, chain: int, indices=None, threshold=None
+) -> str:
+    """What went wrong with chain ``chain``'s step from ``state`` to ``proposed``: the non-finite quantities and
+    sites (:func:`nonfinite_sites`, with the data at fault when the minibatch ``indices`` are given), or the jump
+    of the potential past ``threshold``."""
+    chain_indices = None if indices is None else {k: v[chain] for k, v in indices.items()}
+    what = nonfinite_sites(
+        potential, proposed.potential[chain], proposed.grad[chain], proposed.position[chain], chain_indices
+    )
+    if what is not None:
+        return "non-finite " + what
+    # finite: the potential jumped past the chain's threshold (kernels/warmup.py)
+    jump = float(proposed.potential[chain] - state.potential[chain])
+    return f"a jump of the potential by {jump:.4g} (threshold {float(threshold[chain]):.4g})"
 
 
 def nonfinite_sites(

@@ -1,33 +1,41 @@
 """Gradient estimators: the potential and its gradient at the chains' positions for one step.
 
-A kernel never evaluates the model itself: it asks its estimator for
+An estimator is a value with one signature (as BlackJAX's ``grad_estimator``),
 
-.. math:: \\big(\\hat U(z_c),\\ \\nabla \\hat U(z_c)\\big)_{c = 1..C}
+.. math:: \\texttt{estimator}(z, S) = \\big(\\hat U_S(z_c),\\ \\nabla \\hat U_S(z_c)\\big)_{c = 1..C},
 
-at the ``(C, D)`` positions, given the step's minibatch ``indices`` (``{plate name: (C, B) indices}``, each
-chain its own rows, drawn by :class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler` from the chain's stream).
-Every estimator is unbiased for the full-data :math:`U = -\\log \\pi`; they differ in their variance and cost:
+called with the ``(C, D)`` positions and the step's minibatch ``indices`` ``S`` (``{plate name: (C, B)
+indices}``, each chain its own rows, drawn by :class:`~pyro_sgmcmc.chains.minibatch.MinibatchSampler`), returning
+``U`` of shape ``(C,)`` and its gradient ``(C, D)``. Every estimator here is unbiased for the full-data
+:math:`U = -\\log \\pi`, :math:`\\mathbb{E}_S[\\hat U_S(z)] = U(z)` and :math:`\\mathbb{E}_S[\\nabla \\hat U_S(z)] =
+\\nabla U(z)` over the uniformly drawn minibatch; they differ in variance and cost, and they compose:
 
-* :class:`MinibatchGradient`: the plain minibatch estimate (each subsampled plate scales its log-likelihood by
-  :math:`N / B`), one model evaluation per chain and step;
-* :class:`~pyro_sgmcmc.kernels.control_variates.ControlVariate`: centred at a fixed point
-  :math:`\\hat z` with known full-data values, :math:`\\nabla U(\\hat z) + \\nabla \\hat U_S(z) - \\nabla \\hat
-  U_S(\\hat z)`, two evaluations per chain and step;
-* a data-parallel estimate (each rank its shard's minibatch, averaged by an all-reduce) fits the same protocol:
-  ``pyro_sgmcmc.distributed``'s potential already has ``batched_potential_and_grad(positions, indices)``, so
-  wrapping it in :class:`MinibatchGradient` (or giving it a ``potential_and_grad`` method) makes it one.
+* :class:`MinibatchGradient`: the plain estimate, each subsampled plate's log-likelihood scaled by :math:`N / B`,
+  :math:`\\hat U_S(z) = -\\log p(z) - \\tfrac{N}{B} \\sum_{n \\in S} \\log p(y_n \\mid z)`; one model evaluation
+  per chain and step;
+* :class:`~pyro_sgmcmc.kernels.control_variates.ControlVariate`: centred at a fixed :math:`\\hat z` with known
+  full-data values, :math:`\\nabla U(\\hat z) + \\nabla \\hat U_S(z) - \\nabla \\hat U_S(\\hat z)`: unbiased because
+  the two minibatch terms share :math:`S`; two evaluations per chain and step;
+* :func:`all_reduced`: wraps any estimator whose value on rank :math:`r` is an unbiased estimate
+  :math:`\\hat U^{(r)}` of the same :math:`U` (each rank its own shard's minibatch, the shard's likelihood scaled
+  by the number of ranks :math:`P`) and returns the average :math:`P^{-1} \\sum_r \\hat U^{(r)}`, unbiased too,
+  with :math:`1/P` of the variance of independent ranks: one all-reduce of :math:`C (D + 1)` numbers. With one
+  rank it is the identity.
 
-To add an estimator, write a class with ``potential_and_grad(positions, indices)`` and the attribute
-``potential`` (the :class:`~pyro_sgmcmc.ModelPotential` whose layout the positions follow).
+The kernels call ``estimator.potential_and_grad`` (the same function; ``__call__`` for a plain callable) and read
+two attributes where present: ``potential`` (the :class:`~pyro_sgmcmc.ModelPotential` whose layout the positions
+follow) and ``replayable``: the value is a function of ``(positions, indices)`` alone and calling it changes
+nothing, so the sampling phase may call it again to name a divergence (``kernels/sampling.py``); an estimator
+without it is read after every step. :func:`as_estimator` turns a plain function into such a value.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Tuple, runtime_checkable
+from typing import Callable, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
 
-__all__ = ["GradientEstimator", "MinibatchGradient"]
+__all__ = ["GradientEstimator", "MinibatchGradient", "FunctionEstimator", "as_estimator", "all_reduced"]
 
 
 @runtime_checkable
@@ -57,7 +65,7 @@ class MinibatchGradient:
     >>> def model():
     ...     pyro.sample("z", dist.Normal(0., 1.))
     >>> estimator = MinibatchGradient(ModelPotential(model))
-    >>> u, g = estimator.potential_and_grad(torch.tensor([[1.0], [2.0]]), {})
+    >>> u, g = estimator(torch.tensor([[1.0], [2.0]]), {})
     >>> g.squeeze(-1)
     tensor([1., 2.])
     """
@@ -65,3 +73,74 @@ class MinibatchGradient:
     def __init__(self, potential) -> None:
         self.potential = potential
         self.potential_and_grad = potential.batched_potential_and_grad
+        # a potential that draws its own minibatches (data_parallel's) changes the run when called again
+        self.replayable = not getattr(potential, "draws_own_minibatches", False)
+
+    def __call__(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
+        return self.potential_and_grad(positions, indices)
+
+
+class FunctionEstimator:
+    """A function ``(positions, indices) -> (U, grad U)`` as an estimator (see :func:`as_estimator`)."""
+
+    def __init__(self, function: Callable, potential=None, replayable: bool = False) -> None:
+        if not callable(function):
+            raise TypeError(f"estimator must be callable as estimator(positions, indices); got {function!r}")
+        self.potential_and_grad = function
+        self.potential = potential
+        self.replayable = bool(replayable)
+
+    def __call__(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
+        return self.potential_and_grad(positions, indices)
+
+
+def as_estimator(estimator, potential=None, replayable: Optional[bool] = None):
+    """``estimator`` as a value the kernels call: an object with ``potential_and_grad`` is returned as it is; a
+    plain function ``(positions, indices) -> (U, grad U)`` is wrapped (``replayable``: see the module
+    docstring; default False, read after every step)."""
+    if hasattr(estimator, "potential_and_grad") and replayable is None:
+        return estimator
+    return FunctionEstimator(getattr(estimator, "potential_and_grad", estimator), potential, bool(replayable))
+
+
+class _AllReduced:
+    """:func:`all_reduced`'s value."""
+
+    def __init__(self, estimator, group) -> None:
+        self.inner = as_estimator(estimator)
+        self.group = group
+        self.potential = getattr(self.inner, "potential", None)
+        self.replayable = getattr(self.inner, "replayable", False)
+
+    def potential_and_grad(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
+        import torch.distributed as dist
+
+        potential, grad = self.inner.potential_and_grad(positions, indices)
+        world_size = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+        if world_size == 1:
+            return potential, grad
+        buffer = torch.cat([potential.unsqueeze(-1), grad], dim=-1)
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group)
+        buffer = buffer / world_size
+        return buffer[:, 0], buffer[:, 1:]
+
+    __call__ = potential_and_grad
+
+
+def all_reduced(estimator, group=None):
+    """The average of ``estimator``'s values over the ranks of ``group`` (default: the default group), as an
+    estimator: ``(U, grad U) = P^-1 sum_r estimator_r(positions, indices_r)``, one all-reduce of ``C (D + 1)``
+    numbers (module docstring). Every rank must call it with the same positions, each with its own minibatch
+    (its shard's). Composes with any estimator (:class:`MinibatchGradient`, a control variate, a function);
+    outside a process group, or with one rank, it returns the estimator's values unchanged.
+
+    Examples
+    --------
+    >>> import torch
+    >>> def quadratic(z, indices):
+    ...     return 0.5 * (z * z).sum(-1), z.clone()
+    >>> u, g = all_reduced(quadratic)(torch.tensor([[1.0, 2.0]]), {})  # one process: the identity
+    >>> u.tolist(), g.tolist()
+    ([2.5], [[1.0, 2.0]])
+    """
+    return _AllReduced(estimator, group)

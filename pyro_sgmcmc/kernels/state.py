@@ -40,13 +40,16 @@ class SGMCMCState(NamedTuple):
         Steps taken (warmup included); the step-size schedule reads it. The chains of one
         vectorised run move in lockstep, so they share it; each run (each chain of a sequential
         ``pyro.infer.MCMC`` run) starts its own at 0.
+    frozen : Tensor ``(num_chains,)`` bool or None
+        The chains stopped by ``on_divergence="freeze"`` (a mask in that mode once sampling starts; ``None``
+        otherwise).
 
     Examples
     --------
     >>> import torch
     >>> state = SGMCMCState(torch.zeros(2, 3), None, None, torch.zeros(2), torch.ones(2, 3), 0)
     >>> state.replace(step=1).step, sorted(state.as_dict())[:2]
-    (1, ['grad', 'momentum'])
+    (1, ['frozen', 'grad'])
     """
 
     position: torch.Tensor
@@ -55,6 +58,7 @@ class SGMCMCState(NamedTuple):
     potential: torch.Tensor
     grad: torch.Tensor
     step: int
+    frozen: Optional[torch.Tensor] = None
 
     def replace(self, **changes: Union[torch.Tensor, int, None]) -> "SGMCMCState":
         """A copy with the named fields replaced (the others shared, not copied)."""
