@@ -5,15 +5,15 @@
 sizes (:class:`~pyro_sgmcmc.kernels.preconditioning.MassMatrixAdaptation`, probing the curvature through
 :class:`~pyro_sgmcmc.kernels.curvature_probes.CurvatureProbes`), ``control_variate="auto"``
 (:class:`~pyro_sgmcmc.kernels.auto_control_variate.AutoControlVariate`) and the jump thresholds
-(:class:`~pyro_sgmcmc.kernels.warmup.JumpMonitor`). It speaks to the kernel only through its public members:
-``state``, ``evaluate``, ``transition``, ``minibatches``, ``potential``, ``gradient_estimator``, ``step_size``,
-``temperature``, ``damping`` and the adaptation flags.
+(:class:`~pyro_sgmcmc.kernels.warmup.JumpMonitor`). It holds no reference to the kernel: what it needs is given to
+:meth:`WarmupDriver.setup` as values (:class:`WarmupContext`, made by :func:`warmup_context` from the kernel's
+public members), and what it changes it returns (a state, a :class:`WarmupUpdate`), which the kernel assigns.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -25,12 +25,16 @@ from .curvature_probes import CurvatureProbes
 from .preconditioning import DENSE_MAX_DIM, MassMatrixAdaptation
 from .state import SGMCMCState, SlowMixingWarning
 from .warmup import MIN_ADAPTATION_WARMUP, SLOW_MIXING_FRACTION, JumpMonitor, TypicalSetSearch, approach_length
+from .warmup_context import NextIndices, WarmupContext, WarmupUpdate, warmup_context
 
-__all__ = ["WarmupDriver"]
+__all__ = ["WarmupDriver", "WarmupContext", "WarmupUpdate", "warmup_context"]
 
 
 class WarmupDriver:
     """The warmup of one kernel (module docstring); :meth:`setup` starts it afresh for each run.
+
+    It holds no reference to the kernel: :meth:`setup` is given a :class:`WarmupContext`, and the calls that change
+    the chains return their new state (:meth:`approach_step`, :meth:`after_step`), which the kernel assigns.
 
     Attributes
     ----------
@@ -44,8 +48,8 @@ class WarmupDriver:
         In the adaptation phase.
     """
 
-    def __init__(self, kernel) -> None:
-        self.kernel = kernel
+    def __init__(self) -> None:
+        self.context: Optional[WarmupContext] = None
         self.auto = AutoControlVariate()
         self.warmup_steps = 0
         self.chain_step_size: Optional[Union[torch.Tensor, float]] = None
@@ -60,53 +64,58 @@ class WarmupDriver:
         """Whether the update runs under an adapted metric (:meth:`transition`)."""
         return self.adaptation is not None and self.adaptation.preconditioned
 
-    def setup(self, warmup_steps: int) -> None:
-        """Start the warmup of a run whose chains are set up (``kernel.state``)."""
-        kernel = self.kernel
-        position = kernel.state.position
+    def setup(self, warmup_steps: int, state: SGMCMCState, context: WarmupContext) -> SGMCMCState:
+        """Start the warmup of a run whose chains start from ``state``; returns the state the chains start from
+        (``state``, at rest if the adaptation starts at once)."""
+        self.context = context
+        position = state.position
         self.warmup_steps = warmup_steps
         self.jumps = JumpMonitor(warmup_steps, position.shape[0], position.device)
         self.auto.reset()
         self.jump_threshold, self.approach, self.chain_step_size = None, None, None
-        if not (kernel.adapts and warmup_steps >= MIN_ADAPTATION_WARMUP):
+        adapts = (context.adapt_step_size or context.adapt_mass_matrix) and context.temperature > 0
+        if not (adapts and warmup_steps >= MIN_ADAPTATION_WARMUP):
             self.adaptation, self.adapting = None, False
-            return
-        dense = kernel.full_mass if kernel.full_mass is not None else position.shape[-1] <= DENSE_MAX_DIM
+            return state
+        full_mass = context.full_mass
+        dense = full_mass if full_mass is not None else position.shape[-1] <= DENSE_MAX_DIM
         approach = approach_length(warmup_steps)
-        probes = CurvatureProbes(
-            kernel.evaluate, lambda: kernel.minibatches.next(), kernel.minibatches.plates, kernel.potential.num_data
-        )
         self.adaptation = MassMatrixAdaptation(
             warmup_steps - approach,
-            dense and kernel.adapt_mass_matrix,
-            kernel.adapt_step_size,
-            kernel.state.momentum is not None,
-            kernel.temperature,
-            thermostat=kernel.state.thermostat is not None,
-            adapt_mass_matrix=kernel.adapt_mass_matrix,
+            dense and context.adapt_mass_matrix,
+            context.adapt_step_size,
+            state.momentum is not None,
+            context.temperature,
+            thermostat=state.thermostat is not None,
+            adapt_mass_matrix=context.adapt_mass_matrix,
             offset=approach,
-            probes=probes,
-            damping=kernel.damping,
-            initial_step_size=kernel.step_size(0),
+            probes=self._probes(context),
+            damping=context.damping,
+            initial_step_size=context.initial_step_size,
         )
         self.adapting = True
         if approach > 0:
             self.approach = TypicalSetSearch(approach, position)
-        else:
-            self._start_adaptation()
+            return state
+        return self._start_adaptation(state)
+
+    @staticmethod
+    def _probes(context: WarmupContext) -> CurvatureProbes:
+        return CurvatureProbes(context.evaluate, context.next_indices, context.plates, context.num_data)
 
     def in_approach(self, step: int) -> bool:
         return self.approach is not None and step < self.approach.num_steps
 
     def transition(self, state: SGMCMCState, drift: torch.Tensor, step_size, noise, drift_scale: float):
         """The kernel's update under the adapted metric (``w = L^-1 z``, ``kernels/preconditioning.py``)."""
-        return self.adaptation.transition(self.kernel.transition, state, drift, step_size, noise, drift_scale)
+        return self.adaptation.transition(self.context.transition, state, drift, step_size, noise, drift_scale)
 
     def approach_step(self, state: SGMCMCState) -> SGMCMCState:
-        """One step of the approach phase (:mod:`~pyro_sgmcmc.kernels.warmup`): sign-based descent, no noise."""
-        kernel, approach = self.kernel, self.approach
+        """One step of the approach phase (:mod:`~pyro_sgmcmc.kernels.warmup`): sign-based descent, no noise.
+        Returns the chains' new state."""
+        approach, evaluate = self.approach, self.context.evaluate
         position = approach.propose(state.position, state.grad)
-        energy, grad = kernel.evaluate(position, kernel.minibatches.next())
+        energy, grad = evaluate(position, self.context.next_indices())
         finite = torch.isfinite(energy) & torch.isfinite(grad).all(-1) & torch.isfinite(position).all(-1)
         if not bool(finite.all()):
             approach.reject(~finite)
@@ -114,63 +123,80 @@ class WarmupDriver:
             position = torch.where(keep, position, state.position)
             energy = torch.where(finite, energy, state.potential)
             grad = torch.where(keep, grad, state.grad)
-        kernel.state = state.replace(position=position, potential=energy, grad=grad, step=state.step + 1)
-        if kernel.state.step == approach.num_steps:
-            self._start_adaptation()
-        return kernel.state
+        state = state.replace(position=position, potential=energy, grad=grad, step=state.step + 1)
+        if state.step == approach.num_steps:
+            state = self._start_adaptation(state)
+        return state
 
-    def _start_adaptation(self) -> None:
+    def _start_adaptation(self, state: SGMCMCState) -> SGMCMCState:
         """End of the approach: the chains start moving, at rest, under the first metric and step size."""
-        kernel = self.kernel
-        if kernel.state.momentum is not None:
-            kernel.state = kernel.state.replace(momentum=torch.zeros_like(kernel.state.momentum))
-        if kernel.control_variate == "auto":
-            self.auto.propose(kernel.potential, kernel.minibatches.plates, kernel.state)
-        self.adaptation.setup(kernel.state.position)
+        context = self.context
+        if state.momentum is not None:
+            state = state.replace(momentum=torch.zeros_like(state.momentum))
+        if context.automatic_control_variate:
+            self.auto.propose(context.potential, context.plates, state)
+        self.adaptation.setup(state.position)
         self.chain_step_size = self.adaptation.step_size
+        return state
 
-    def after_step(self, previous: SGMCMCState, state: SGMCMCState, diverging: torch.Tensor) -> None:
+    def after_step(self, previous: SGMCMCState, state: SGMCMCState, diverging: torch.Tensor) -> WarmupUpdate:
         """Warmup bookkeeping after a step into ``state``: measure the potential's step-to-step change, adapt, halve
-        the step size of the chains ``diverging`` in adaptation, and freeze the thresholds at the end of warmup."""
+        the step size of the chains ``diverging`` in adaptation, and freeze the thresholds at the end of warmup.
+        Returns the chains' state (moved by a control variate's choice, at rest after a change of metric) and the
+        gradient estimator chosen at this step, if any."""
         diverged = bool(diverging.any())
         if not diverged:
             self.jumps.record(state.step, state.potential - previous.potential)
+        chosen = None
         if self.adapting:
             adaptation = self.adaptation
             if diverged and adaptation.adapt_step_size:
                 adaptation.shrink_step_size(diverging)
                 self.chain_step_size = adaptation.step_size
-            self._adapt(state)
+            state, chosen = self._adapt(state)
             # in adaptation a jump past the running threshold is a divergence too: the chain is put back
             # and its step halved, so a step that is unstable under the current metric cannot throw it away
             self.jump_threshold = self.jumps.running_threshold()
         if state.step == self.warmup_steps:
             self.jump_threshold = self.jumps.threshold()
             if self.adaptation is not None:
-                self._warn_slow_mixing()
+                self._warn_slow_mixing(state)
             self._freeze_step_size()
+        return WarmupUpdate(state, chosen)
 
-    def _adapt(self, state: SGMCMCState) -> None:
-        kernel, adaptation = self.kernel, self.adaptation
+    def _adapt(self, state: SGMCMCState) -> Tuple[SGMCMCState, Optional[ControlVariate]]:
+        adaptation, context = self.adaptation, self.context
+        chosen = None
         if self.auto.candidate is not None and state.step - adaptation.offset >= adaptation.slow_start:
             chosen = self.auto.decide(
-                kernel.potential, state.position, kernel.minibatches, kernel.temperature, adaptation.probes.hessian
+                context.potential,
+                state.position,
+                NextIndices(context.next_indices),
+                context.temperature,
+                adaptation.probes.hessian,
             )
             if chosen is not None:
-                kernel.gradient_estimator = chosen
+                self._use(chosen)
+                evaluate, next_indices = self.context.evaluate, self.context.next_indices
                 position = state.position if self.auto.arrival is None else self.auto.arrival
-                energy, grad = kernel.evaluate(position, kernel.minibatches.next())
+                energy, grad = evaluate(position, next_indices())
                 if position is not state.position:  # chains the approach left far out go where they would arrive
                     arrived = torch.isfinite(energy) & torch.isfinite(grad).all(-1)
                     if not bool(arrived.all()):
                         position = torch.where(arrived.unsqueeze(-1), position, state.position)
-                        energy, grad = kernel.evaluate(position, kernel.minibatches.next())
-                kernel.state = state = kernel.state.replace(position=position, potential=energy, grad=grad)
+                        energy, grad = evaluate(position, next_indices())
+                state = state.replace(position=position, potential=energy, grad=grad)
         if adaptation.update(state.step, state.position, state.grad) and state.momentum is not None:
-            kernel.state = kernel.state.replace(momentum=torch.zeros_like(state.momentum))  # in old-metric units
+            state = state.replace(momentum=torch.zeros_like(state.momentum))  # in old-metric units
         self.chain_step_size = adaptation.step_size
         if state.step == self.warmup_steps:
             self.adapting = False
+        return state, chosen
+
+    def _use(self, estimator: ControlVariate) -> None:
+        """From now on the warmup (its probes included) evaluates with ``estimator``, as the kernel does."""
+        self.context = self.context.evaluating_with(estimator)
+        self.adaptation.probes.evaluate = self.context.evaluate
 
     def _freeze_step_size(self) -> None:
         """After warmup one chain's adapted step size becomes a number: the update's scalar (fused) path."""
@@ -178,7 +204,7 @@ class WarmupDriver:
         if torch.is_tensor(step_size) and step_size.numel() == 1:
             self.chain_step_size = float(step_size)
 
-    def _warn_slow_mixing(self) -> None:
+    def _warn_slow_mixing(self, state: SGMCMCState) -> None:
         """Warn when an adapted step is so small that a chain needs more steps to forget its state than the
         adaptation phase had: it has probably not reached the posterior, and will mix slowly while sampling.
 
@@ -191,13 +217,13 @@ class WarmupDriver:
         step_size = self.chain_step_size
         if step_size is None:
             return
-        kernel = self.kernel
-        damping = kernel.damping if kernel.state.momentum is not None else None
+        context = self.context
+        damping = context.damping if state.momentum is not None else None
         per_chain = torch.as_tensor(step_size).reshape(-1).double()
         relaxation = 2.0 / (per_chain * damping) if damping else 1.0 / per_chain
         limit = SLOW_MIXING_FRACTION * self.adaptation.warmup_steps
         slow = (relaxation > limit).nonzero().flatten().tolist()
-        drift = drift_offsets(self.adaptation, relaxation.expand(kernel.state.position.shape[0]))
+        drift = drift_offsets(self.adaptation, relaxation.expand(state.position.shape[0]))
         drifting = drift is not None and bool(drift[1].any())
         if slow or drifting:
             worst = float(relaxation.max())
@@ -209,14 +235,14 @@ class WarmupDriver:
                 else describe_drift(*drift)
             )
             warnings.warn(
-                f"{type(kernel).__name__}: {found}: it has probably not reached the posterior and will mix slowly. "
+                f"{context.kernel_name}: {found}: it has probably not reached the posterior and will mix slowly. "
                 f"Usually the minibatch gradient noise limits the step: {self._slow_mixing_advice()}",
                 SlowMixingWarning,
                 stacklevel=4,
             )
 
     def _slow_mixing_advice(self) -> str:
-        if isinstance(self.kernel.gradient_estimator, ControlVariate):
+        if self.context.uses_control_variate:
             return "a larger subsample_size or a longer warmup will help."
         if self.auto.rejected:
             return (
@@ -266,7 +292,13 @@ class WarmupDriver:
         out.update(self.auto.state_dict())
         return out
 
-    def load_state_dict(self, saved: dict, device) -> None:
+    def load_state_dict(self, saved: dict, state: SGMCMCState, context: WarmupContext) -> None:
+        """Restore :meth:`state_dict` into a warmup set up (:meth:`setup`) for chains now at ``state``, whose kernel
+        has restored its gradient estimate (``context``)."""
+        self.context = context
+        if self.adaptation is not None:
+            self.adaptation.probes = self._probes(context)
+        device = state.position.device
         self.jumps.load_state_dict(saved["jumps"], device)
         threshold = saved["jump_threshold"]
         self.jump_threshold = None if threshold is None else threshold.to(device)
@@ -276,6 +308,6 @@ class WarmupDriver:
         if "adaptation" in saved:
             self.adaptation.load_state_dict(saved["adaptation"], device)
             self.chain_step_size = self.adaptation.step_size
-            if self.kernel.state.step >= self.warmup_steps:
+            if state.step >= self.warmup_steps:
                 self._freeze_step_size()
-        self.auto.load_state_dict(saved, self.kernel.potential, device)
+        self.auto.load_state_dict(saved, context.potential, device)

@@ -35,7 +35,7 @@ from ..chains.streams import ChainGenerators
 from ..model.potential import JitMode, ModelPotential, check_jit_compile
 from ..schedules import Schedule, as_schedule
 from . import arguments as checks
-from .adaptation import WarmupDriver
+from .adaptation import WarmupDriver, warmup_context
 from .batched import BatchedChains
 from .configuration import describe
 from .control_variates import ControlVariate
@@ -143,7 +143,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         self.minibatches: Optional[MinibatchSampler] = None
         self.gradient_estimator: Optional[GradientEstimator] = None
         self.divergence_record: Optional[DivergenceRecord] = None
-        self.warmup = WarmupDriver(self)
+        self.warmup = WarmupDriver()
         self.superchain_ids: Optional[torch.Tensor] = None
         self._fixed_control_variate: Optional[ControlVariate] = None  # "map" or dict, per data set
         self._prepared: Optional[tuple] = None  # the chains of prepare_chains, for start_chains or restore_chains
@@ -309,13 +309,13 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         self.minibatches.load_state_dict(saved["minibatches"])
         self.divergence_record.load_state_dict(saved, device)
         self._last_step_size = saved["last_step_size"]
-        self.warmup.load_state_dict(saved, device)
         if "control_variate" in saved:
             if isinstance(self.gradient_estimator, ControlVariate):
                 self.gradient_estimator.load_state_dict(saved["control_variate"], device)
             else:  # "auto": chosen in warmup
                 saved_centre = saved["control_variate"]
                 self.gradient_estimator = ControlVariate.from_state_dict(self.potential, saved_centre, device)
+        self.warmup.load_state_dict(saved, self.state, warmup_context(self))
 
     # ------------------------------------------------------------------ statistics and read-outs
     @property

@@ -25,6 +25,7 @@ from ..chains.minibatch import MinibatchSampler
 from ..chains.streams import ChainGenerators
 from ..model.potential import ModelPotential
 from . import arguments as checks
+from .adaptation import warmup_context
 from .control_variates import ControlVariate
 from .divergences import DivergenceRecord
 from .gradients import GradientEstimator, MinibatchGradient
@@ -222,7 +223,7 @@ class BatchedChains:
         self.divergence_record = DivergenceRecord(
             positions.shape[0], positions.device, self.on_divergence, type(self).__name__
         )
-        self.warmup.setup(warmup_steps)
+        self.state = self.warmup.setup(warmup_steps, state, warmup_context(self))
         self._last_step_size = self.step_size(0)
 
     def _setup_control_variate(self, positions: torch.Tensor) -> GradientEstimator:
@@ -243,7 +244,8 @@ class BatchedChains:
         if warmup.approach is not None and state.step < warmup.approach.num_steps:
             self.divergence_record.last = self.divergence_record.none
             self._last_step_size = warmup.approach.typical_step()
-            return warmup.approach_step(state)
+            self.state = state = warmup.approach_step(state)
+            return state
         step_size = self.step_size(state.step) if warmup.chain_step_size is None else warmup.chain_step_size
         # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
         # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
@@ -269,5 +271,8 @@ class BatchedChains:
         self.state = state
         self._last_step_size = step_size
         if state.step <= warmup.warmup_steps:  # warmup only: nothing of this runs while sampling
-            warmup.after_step(previous, state, record.last)
+            state, chosen = warmup.after_step(previous, state, record.last)
+            self.state = state
+            if chosen is not None:  # control_variate="auto" chose a control variate
+                self.gradient_estimator = chosen
         return state

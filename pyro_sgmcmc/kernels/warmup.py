@@ -237,4 +237,3 @@ class JumpMonitor:
 def minibatch_gradients(evaluate, position: torch.Tensor, minibatches, count: int = NOISE_MINIBATCHES) -> torch.Tensor:
     """``(count, C, D)``: the minibatch gradients at ``position`` on ``count`` successive minibatches."""
     return torch.stack([evaluate(position, minibatches.next())[1] for _ in range(count)])
-
