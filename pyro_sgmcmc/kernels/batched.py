@@ -241,9 +241,9 @@ class BatchedChains:
         tensors: a state, tensor or view you keep is never overwritten."""
         state = previous = self.state
         warmup = self.warmup
-        if warmup.approach is not None and state.step < warmup.approach.num_steps:
+        if warmup.in_approach(state.step):
             self.divergence_record.last = self.divergence_record.none
-            self._last_step_size = warmup.approach.typical_step()
+            self._last_step_size = warmup.typical_step()
             self.state = state = warmup.approach_step(state)
             return state
         step_size = self.step_size(state.step) if warmup.chain_step_size is None else warmup.chain_step_size
