@@ -30,7 +30,7 @@ from .control_variates import ControlVariate
 from .creep import describe as describe_drift
 from .creep import drift_offsets
 from .curvature_probes import CurvatureProbes
-from .preconditioning import DENSE_MAX_DIM, STEP_CONSTANTS, adaptation_schedule, preconditioned_transition
+from .preconditioning import DENSE_MAX_DIM, adaptation_schedule, preconditioned_transition
 from .state import SGMCMCState, SlowMixingWarning
 from .warmup import MIN_ADAPTATION_WARMUP, SLOW_MIXING_FRACTION, approach_length
 from .warmup_context import NextIndices, WarmupContext, WarmupUpdate, warmup_context
@@ -214,9 +214,10 @@ class WarmupDriver:
         """Warn when an adapted step is so small that a chain needs more steps to forget its state than the
         adaptation phase had: it has probably not reached the posterior, and will mix slowly while sampling.
 
-        One relaxation time of the preconditioned dynamics (normalised curvature about 1) is about
-        :math:`2 / (\\epsilon \\alpha)` steps for SGHMC and SGNHT (friction / diffusion :math:`\\alpha`) and
-        :math:`1 / \\epsilon` for SGLD; the warning is given when it exceeds ``SLOW_MIXING_FRACTION`` of the
+        One relaxation time of the preconditioned dynamics (normalised curvature about 1) is the kernel family's
+        (:meth:`~pyro_sgmcmc.kernels.adapt.stability.StabilityRule.relaxation_time`: about
+        :math:`2 / (\\epsilon \\alpha)` steps for SGHMC and SGNHT, friction / diffusion :math:`\\alpha`, and
+        :math:`1 / \\epsilon` for SGLD); the warning is given when it exceeds ``SLOW_MIXING_FRACTION`` of the
         adaptation phase. The usual cause is gradient noise (a small minibatch of many data): a larger
         ``subsample_size`` helps, or a control variate where the posterior is concentrated (the advice says
         whether the automatic one was measured and rejected)."""
@@ -224,9 +225,8 @@ class WarmupDriver:
         if step_size is None:
             return
         context = self.context
-        damping = context.damping if state.momentum is not None else None
         per_chain = torch.as_tensor(step_size).reshape(-1).double()
-        relaxation = 2.0 / (per_chain * damping) if damping else 1.0 / per_chain
+        relaxation = context.stability.relaxation_time(per_chain)
         settings = self.settings
         limit = SLOW_MIXING_FRACTION * settings.warmup_steps
         slow = (relaxation > limit).nonzero().flatten().tolist()
@@ -329,20 +329,16 @@ def _probes(context: WarmupContext) -> CurvatureProbes:
 
 def _windowed_settings(context: WarmupContext, state: SGMCMCState, steps: int, offset: int) -> WindowedSettings:
     """The adaptation phase's rules for ``steps`` steps after ``offset`` of approach: Stan's schedule, a dense
-    metric up to ``DENSE_MAX_DIM`` unless ``full_mass`` says otherwise, and the step-size rule of the kernel's
-    family (first order without momentum, second order with, a smaller constant with a thermostat)."""
+    metric up to ``DENSE_MAX_DIM`` unless ``full_mass`` says otherwise, and the stability rule the kernel's family
+    declares (:mod:`~pyro_sgmcmc.kernels.adapt.stability`)."""
     full_mass = context.full_mass
     dense = full_mass if full_mass is not None else state.position.shape[-1] <= DENSE_MAX_DIM
     full_mass = bool(dense and context.adapt_mass_matrix)
-    second_order, thermostat = state.momentum is not None, state.thermostat is not None
-    rule = "thermostat" if thermostat else "second_order" if second_order else "first_order"
     step_size = StepSizeSettings(
         adapt=bool(context.adapt_step_size),
         preconditioned=bool(context.adapt_mass_matrix),
         full_mass=full_mass,
-        constant=STEP_CONSTANTS[rule],
-        second_order=second_order,
-        damping=float(context.damping),
+        rule=context.stability,
         temperature=float(context.temperature),
         num_data=context.num_data,
         initial_step_size=float(context.initial_step_size),

@@ -35,6 +35,7 @@ from ..chains.streams import ChainGenerators
 from ..model.potential import JitMode, ModelPotential, check_jit_compile
 from ..schedules import Schedule, as_schedule
 from . import arguments as checks
+from .adapt.stability import FIRST_ORDER_CONSTANT, StabilityRule
 from .adaptation import WarmupDriver, warmup_context
 from .batched import BatchedChains
 from .configuration import describe
@@ -161,6 +162,12 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         """:math:`\\alpha`, the coefficient of the injected noise (SGLD: 1; SGHMC: the friction; SGNHT: the
         diffusion): the warmup's gradient-noise cap and relaxation time read it."""
         return 1.0
+
+    def stability_rule(self) -> StabilityRule:
+        """The warmup's stability rule of this kernel family (:mod:`~pyro_sgmcmc.kernels.adapt.stability`): the
+        step size it can take and how fast it mixes; here the first-order (Langevin) rule. A family with other
+        dynamics declares its own."""
+        return StabilityRule(FIRST_ORDER_CONSTANT, second_order=False, damping=self.damping)
 
     @property
     def adapts(self) -> bool:

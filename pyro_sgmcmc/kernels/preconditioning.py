@@ -76,12 +76,10 @@ import torch
 
 from .state import SGMCMCState
 
-__all__ = ["preconditioned_transition", "adaptation_schedule", "DENSE_MAX_DIM", "STEP_CONSTANTS"]
+__all__ = ["preconditioned_transition", "adaptation_schedule", "DENSE_MAX_DIM"]
 
 #: ``full_mass=None`` chooses a dense mass matrix up to this dimension (O(dim^2) per step and chain).
 DENSE_MAX_DIM = 64
-#: ``c`` of the step-size heuristic: ``c / lambda_max`` (first order) or ``c / sqrt(lambda_max)``.
-STEP_CONSTANTS = {"first_order": 0.1, "second_order": 0.4, "thermostat": 0.1}
 
 
 def adaptation_schedule(warmup_steps: int, num_probes: int = 8) -> Tuple[List[int], List[int]]:

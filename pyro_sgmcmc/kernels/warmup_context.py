@@ -11,6 +11,7 @@ from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from .adapt.stability import StabilityRule
 from .control_variates import ControlVariate
 from .state import SGMCMCState
 
@@ -39,8 +40,9 @@ class WarmupContext(NamedTuple):
         :math:`N`, the normaliser of the drift.
     temperature : float
         :math:`T`.
-    damping : float
-        :math:`\\alpha`, the coefficient of the injected noise (SGLD: 1; SGHMC: the friction; SGNHT: the diffusion).
+    stability : StabilityRule
+        The kernel family's stability rule (:mod:`~pyro_sgmcmc.kernels.adapt.stability`): its step-size rule, damping
+        and relaxation time.
     adapt_step_size, adapt_mass_matrix : bool
         The adaptation flags.
     full_mass : bool or None
@@ -62,7 +64,7 @@ class WarmupContext(NamedTuple):
     plates: Sequence
     num_data: int
     temperature: float
-    damping: float
+    stability: StabilityRule
     adapt_step_size: bool
     adapt_mass_matrix: bool
     full_mass: Optional[bool]
@@ -87,7 +89,7 @@ def warmup_context(kernel) -> WarmupContext:
         plates=kernel.minibatches.plates,
         num_data=kernel.potential.num_data,
         temperature=kernel.temperature,
-        damping=kernel.damping,
+        stability=kernel.stability_rule(),
         adapt_step_size=kernel.adapt_step_size,
         adapt_mass_matrix=kernel.adapt_mass_matrix,
         full_mass=kernel.full_mass,

@@ -8,7 +8,8 @@ points probed; at least 1 with an adapted metric, where :math:`P = |\\bar H|^{-1
 .. math:: \\epsilon = c / \\sqrt{\\lambda_{max}} \\ \\text{(second order: SGHMC, SGNHT)}, \\qquad
           \\epsilon = c / \\lambda_{max} \\ \\text{(first order: SGLD)},
 
-with the kernel family's constant :math:`c` (:data:`~pyro_sgmcmc.kernels.preconditioning.STEP_CONSTANTS`). From
+with the kernel family's rule (:class:`~pyro_sgmcmc.kernels.adapt.stability.StabilityRule`, its constant
+:math:`c` and order). From
 the slow phase on, with subsampled data, the step is capped so that the gradient noise inflates the stationary
 variance by at most ``NOISE_INFLATION``: the inflation is :math:`\\epsilon N V / (2 \\alpha T)`, so
 
@@ -28,6 +29,7 @@ import torch
 
 from ..curvature_probes import CurvatureProbes
 from . import Adaptation
+from .stability import StabilityRule
 
 __all__ = [
     "NOISE_INFLATION",
@@ -56,12 +58,9 @@ class StepSizeSettings(NamedTuple):
         The metric is adapted (:math:`\\lambda_{max} \\ge 1`).
     full_mass : bool
         The factor :math:`L` is dense ``(C, D, D)``; else diagonal ``(C, D)``.
-    constant : float
-        :math:`c` of the rule.
-    second_order : bool
-        :math:`\\epsilon = c / \\sqrt{\\lambda_{max}}` (momentum); else :math:`c / \\lambda_{max}`.
-    damping : float
-        :math:`\\alpha` in the noise cap (0: no cap).
+    rule : StabilityRule
+        The kernel family's rule: :math:`\\epsilon` from :math:`\\lambda_{max}`, and the damping :math:`\\alpha` of
+        the noise cap (0: no cap).
     temperature : float
         :math:`T`.
     num_data : int
@@ -73,9 +72,7 @@ class StepSizeSettings(NamedTuple):
     adapt: bool
     preconditioned: bool
     full_mass: bool
-    constant: float
-    second_order: bool
-    damping: float
+    rule: StabilityRule
     temperature: float
     num_data: int
     initial_step_size: float
@@ -143,8 +140,8 @@ def step_size_update(
         usable = lam > 0
     if settings.preconditioned:  # P = |H|^-1 makes the largest preconditioned curvature at least 1: a smaller
         lam = lam.clamp_min(1.0)  # estimate (a flat probe, noise) must not give a huge step
-    step_size = settings.constant / lam.sqrt() if settings.second_order else settings.constant / lam
-    damping = settings.damping
+    step_size = settings.rule.stable_step_size(lam)
+    damping = settings.rule.damping
     if noise_cap and damping > 0:  # not in the initial buffer: far from the typical set the noise says nothing
         state, largest, spent = _drift_noise(settings, state, position, factor, probes)
         evaluations += spent

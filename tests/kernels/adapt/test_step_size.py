@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import torch
 
+from pyro_sgmcmc.kernels.adapt.stability import StabilityRule
 from pyro_sgmcmc.kernels.adapt.step_size import (
     NOISE_INFLATION,
     StepSizeSettings,
@@ -31,7 +32,7 @@ class KnownProbes(NamedTuple):
 
 def _settings(second_order: bool, **changes) -> StepSizeSettings:
     fields = dict(
-        adapt=True, preconditioned=True, full_mass=False, constant=0.4, second_order=second_order, damping=2.0,
+        adapt=True, preconditioned=True, full_mass=False, rule=StabilityRule(0.4, second_order, damping=2.0),
         temperature=1.0, num_data=100, initial_step_size=1e-3,
     )  # fmt: skip
     fields.update(changes)

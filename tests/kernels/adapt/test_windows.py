@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from pyro_sgmcmc.kernels.adapt.saved import adaptation_fields, restore_adaptation
+from pyro_sgmcmc.kernels.adapt.stability import StabilityRule
 from pyro_sgmcmc.kernels.adapt.step_size import StepSizeSettings
 from pyro_sgmcmc.kernels.adapt.windows import WindowedSettings, windowed_final, windowed_init, windowed_update
 from pyro_sgmcmc.kernels.adaptation import WarmupContext, WarmupDriver
@@ -24,7 +25,7 @@ def test_the_first_metric_whitens_the_curvature_and_the_step_follows_the_rule(fl
     """Full data (no minibatch noise): the probed Hessian is A up to rounding, so L L' = (A / N)^-1, the
     preconditioned curvature L' (A / N) L is the identity, lambda_max = 1 and the second-order step is c."""
     probes = CurvatureProbes(_exact, lambda: {}, (), NUM_DATA)
-    step = StepSizeSettings(True, True, True, 0.4, True, 1.0, 1.0, NUM_DATA, 1e-3)
+    step = StepSizeSettings(True, True, True, StabilityRule(0.4, True, 1.0), 1.0, NUM_DATA, 1e-3)
     settings = WindowedSettings(100, 0, (1, 2, 4, 8, 15), (24, 34, 43, 53, 62, 71, 81, 90), True, True, 1.0, step)
     position = torch.tensor([[0.3, -0.2], [1.0, 2.0]])
     state = windowed_init(settings, position, probes)
@@ -55,9 +56,13 @@ def test_the_warmup_runs_without_a_kernel(float64):
         moved = state.position + step_size * drift_scale * drift + (2 * step_size / NUM_DATA) ** 0.5 * noise
         return moved, None, None
 
+    rule = StabilityRule(0.1, second_order=False, damping=1.0)
+    flags = dict(adapt_step_size=True, adapt_mass_matrix=True, full_mass=None)
+    control_variate = dict(automatic_control_variate=False, uses_control_variate=False)
     context = WarmupContext(
-        _exact, lambda: {}, transition, None, (), NUM_DATA, 1.0, 1.0, True, True, None, False, False, 1e-3, "SGLD"
-    )
+        _exact, lambda: {}, transition, None, (), NUM_DATA, 1.0, rule, **flags, **control_variate,
+        initial_step_size=1e-3, kernel_name="SGLD",
+    )  # fmt: skip
     warmup = WarmupDriver()
     position = torch.tensor([[30.0, -30.0]])
     state = SGMCMCState(position, None, None, *_exact(position, {}), 0)
