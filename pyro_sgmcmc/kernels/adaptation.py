@@ -138,7 +138,7 @@ class WarmupDriver:
         if context.automatic_control_variate:
             self.auto.propose(context.potential, context.plates, state)
         self.adaptation = windowed_init(self.settings, state.position, self.probes)
-        self.chain_step_size = self.adaptation.step_size.step_size
+        self.chain_step_size = self.adaptation.step_size
         return state
 
     def after_step(self, previous: SGMCMCState, state: SGMCMCState, diverging: torch.Tensor) -> WarmupUpdate:
@@ -153,7 +153,7 @@ class WarmupDriver:
         if self.adapting:
             if diverged and self.settings.step_size.adapt:
                 self.adaptation = windowed_shrink(self.adaptation, diverging)
-                self.chain_step_size = self.adaptation.step_size.step_size
+                self.chain_step_size = self.adaptation.step_size
             state, chosen = self._adapt(state)
             # in adaptation a jump past the running threshold is a divergence too: the chain is put back
             # and its step halved, so a step that is unstable under the current metric cannot throw it away
@@ -187,7 +187,7 @@ class WarmupDriver:
         )
         if replaced and state.momentum is not None:
             state = state.replace(momentum=torch.zeros_like(state.momentum))  # in old-metric units
-        self.chain_step_size = self.adaptation.step_size.step_size
+        self.chain_step_size = self.adaptation.step_size
         if state.step == self.warmup_steps:
             self.adapting = False
         return state, chosen
@@ -283,7 +283,7 @@ class WarmupDriver:
             out["approach steps"] = self.approach_steps
             out["approach rejections"] = 0 if approach is None else int(approach.rejections[chain])
             out["adaptation steps"] = self.settings.warmup_steps
-            halvings = self.adaptation.step_size.total_halvings
+            halvings = self.adaptation.step.total_halvings
             out["step size halvings"] = 0 if halvings is None else int(halvings[chain])
             inverse_mass = self.inverse_mass_matrix
             if inverse_mass is not None:
@@ -316,7 +316,7 @@ class WarmupDriver:
             self.approach = restore(self.approach, saved["approach"], device)
         if "adaptation" in saved:
             self.adaptation = restore_adaptation(self.adaptation, saved["adaptation"], device)
-            self.chain_step_size = self.adaptation.step_size.step_size
+            self.chain_step_size = self.adaptation.step_size
             if state.step >= self.warmup_steps:
                 self._freeze_step_size()
         self.auto.load_state_dict(saved, context.potential, device)

@@ -163,7 +163,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         diffusion): the warmup's gradient-noise cap and relaxation time read it."""
         return 1.0
 
-    def stability_rule(self) -> StabilityRule:
+    def warmup_stability_rule(self) -> StabilityRule:
         """The warmup's stability rule of this kernel family (:mod:`~pyro_sgmcmc.kernels.adapt.stability`): the
         step size it can take and how fast it mixes; here the first-order (Langevin) rule. A family with other
         dynamics declares its own."""

@@ -50,7 +50,7 @@ def drift_offsets(
     size's drift-noise covariances); ``None`` without enough of them.
 
     ``relaxation`` is the chains' relaxation time in steps, ``(C,)``."""
-    metric, step = adaptation.metric, adaptation.step_size
+    metric, step = adaptation.metric, adaptation.step
     n = metric.draw_count
     if n < CREEP_MIN_DRAWS or step.noise_sum is None or metric.hessian_sum is None:
         return None

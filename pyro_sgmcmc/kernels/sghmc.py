@@ -83,7 +83,7 @@ class SGHMC(SGMCMCKernel):
     def damping(self) -> float:
         return self.friction
 
-    def stability_rule(self) -> StabilityRule:
+    def warmup_stability_rule(self) -> StabilityRule:
         """Second order (symplectic Euler: :math:`\\epsilon = 0.4 / \\sqrt{\\lambda_{max}}`), damped by the friction."""
         return StabilityRule(SECOND_ORDER_CONSTANT, second_order=True, damping=self.friction)
 

@@ -92,7 +92,7 @@ class SGNHT(SGMCMCKernel):
     def damping(self) -> float:
         return self.diffusion
 
-    def stability_rule(self) -> StabilityRule:
+    def warmup_stability_rule(self) -> StabilityRule:
         """Second order with a thermostat (:math:`\\epsilon = 0.1 / \\sqrt{\\lambda_{max}}`: :math:`\\epsilon \\xi` must
         stay well below 2 while the thermostat fluctuates), damped by the injected noise's diffusion."""
         return StabilityRule(THERMOSTAT_CONSTANT, second_order=True, damping=self.diffusion)

@@ -89,7 +89,7 @@ def warmup_context(kernel) -> WarmupContext:
         plates=kernel.minibatches.plates,
         num_data=kernel.potential.num_data,
         temperature=kernel.temperature,
-        stability=kernel.stability_rule(),
+        stability=kernel.warmup_stability_rule(),
         adapt_step_size=kernel.adapt_step_size,
         adapt_mass_matrix=kernel.adapt_mass_matrix,
         full_mass=kernel.full_mass,

@@ -47,18 +47,18 @@ def adaptation_fields(state: WindowedState) -> dict:
     """The windowed adaptation's fields, flat: the metric's, the step size's and ``num_extra_evaluations``."""
     return {
         **fields_of(state.metric),
-        **fields_of(state.step_size),
+        **fields_of(state.step),
         "num_extra_evaluations": state.num_extra_evaluations,
     }
 
 
 def restore_adaptation(state: WindowedState, saved: dict, device) -> WindowedState:
     """:func:`adaptation_fields` back into ``state`` (every field must be in ``saved``)."""
-    missing = [n for n in (*state.metric.as_dict(), *state.step_size.as_dict()) if n not in saved]
+    missing = [n for n in (*state.metric.as_dict(), *state.step.as_dict()) if n not in saved]
     if missing:
         raise KeyError(f"the saved adaptation lacks {missing}")
     return WindowedState(
         restore(state.metric, saved, device),
-        restore(state.step_size, saved, device),
+        restore(state.step, saved, device),
         saved["num_extra_evaluations"],
     )

@@ -3,8 +3,9 @@
 The warmup adapts one step size per chain from the largest preconditioned curvature :math:`\\lambda_{max}` at the
 chain's point (:mod:`~pyro_sgmcmc.kernels.adapt.step_size`); how large a step stays stable, and how many steps a
 chain needs to forget its state, depend on the dynamics, so each kernel family declares them
-(:meth:`~pyro_sgmcmc.kernels.base.SGMCMCKernel.stability_rule`) and the warmup reads the declaration: a new family
-touches no warmup module.
+(:meth:`~pyro_sgmcmc.kernels.base.SGMCMCKernel.warmup_stability_rule`) and the warmup reads the declaration: a
+new family touches no warmup module. (Which proposed states a step refuses is another rule, the step's:
+``kernels/step.py``.)
 
 * First order (Langevin, SGLD): the Euler step is stable for :math:`\\epsilon \\lambda < 2` and its variance bias
   along the stiffest direction is :math:`\\epsilon \\lambda / 2`: :math:`\\epsilon = c / \\lambda_{max}`

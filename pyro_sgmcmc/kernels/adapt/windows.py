@@ -86,8 +86,13 @@ class WindowedState(NamedTuple):
     """The metric's and the step size's states, and the gradient evaluations (per chain) spent on probes."""
 
     metric: MetricState
-    step_size: StepSizeState
+    step: StepSizeState
     num_extra_evaluations: int
+
+    @property
+    def step_size(self) -> Optional[torch.Tensor]:
+        """The per-chain step sizes, ``(C, 1)`` (``None`` before the first derivation)."""
+        return self.step.step_size
 
     @property
     def factor(self) -> Optional[torch.Tensor]:
@@ -112,9 +117,9 @@ def _derive_step_size(
     settings: WindowedSettings, state: WindowedState, position, probes: CurvatureProbes, noise_cap: bool
 ) -> WindowedState:
     step, evaluations = step_size_update(
-        settings.step_size, state.step_size, position, state.metric.factor, probes, noise_cap
+        settings.step_size, state.step, position, state.metric.factor, probes, noise_cap
     )
-    return state.replace(step_size=step, num_extra_evaluations=state.num_extra_evaluations + evaluations)
+    return state.replace(step=step, num_extra_evaluations=state.num_extra_evaluations + evaluations)
 
 
 def _set_metric(
@@ -170,14 +175,14 @@ def windowed_update(
         state, hessian = _probe_hessian(state, position, probes)
         return _set_metric(settings, state, state.metric, position, hessian, probes, False, transient=True), True
     if step in settings.slow_probes:
-        state = state.replace(step_size=step_size_rederive(state.step_size))
+        state = state.replace(step=step_size_rederive(state.step))
         if not settings.preconditioned:
             return _derive_step_size(settings, state, position, probes, noise_cap=True), False
         state, hessian = _probe_hessian(state, position, probes)
         metric, curvature = metric_accumulate(state.metric, hessian)
         num_data, temperature = settings.step_size.num_data, settings.temperature
         spread = draw_covariance(metric, num_data, temperature)
-        noise = state.step_size
+        noise = state.step
         fisher = gradient_curvature(metric, noise.noise_sum, noise.noise_count, num_data, temperature)
         return _set_metric(settings, state, metric, position, curvature, probes, spread=spread, fisher=fisher), False
     return state, False
@@ -185,12 +190,12 @@ def windowed_update(
 
 def windowed_shrink(state: WindowedState, diverging: torch.Tensor) -> WindowedState:
     """Halve the step size of the chains ``diverging`` ``(C,)`` until the next derivation."""
-    return state.replace(step_size=step_size_shrink(state.step_size, diverging))
+    return state.replace(step=step_size_shrink(state.step, diverging))
 
 
 def windowed_final(state: WindowedState) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """``(step_size, factor)``: the per-chain step sizes ``(C, 1)`` and the metric's factor :math:`L`."""
-    return state.step_size.step_size, state.metric.factor
+    return state.step.step_size, state.metric.factor
 
 
 #: The windowed adaptation as ``(init, update, final)``.

@@ -30,7 +30,7 @@ class CautiousLangevin(SGMCMCKernel):
             position = position + (2 * step_size * self.noise_temperature) ** 0.5 * noise
         return position, None, None
 
-    def stability_rule(self) -> StabilityRule:
+    def warmup_stability_rule(self) -> StabilityRule:
         return self.rule
 
 
@@ -82,7 +82,7 @@ def test_the_declared_relaxation_time_decides_the_slow_mixing_warning(float64):
 def test_the_three_families_declare_their_rules(kernel, rule):
     """SGLD first order (c / lambda), SGHMC and SGNHT second order (c / sqrt(lambda)) damped by their friction
     and diffusion; the relaxation times are 1 / eps and 2 / (eps alpha)."""
-    assert kernel.stability_rule() == rule
+    assert kernel.warmup_stability_rule() == rule
     step = torch.tensor([0.01], dtype=torch.float64)
     expected = 1 / step if not rule.second_order else 2 / (step * rule.damping)
-    assert torch.equal(kernel.stability_rule().relaxation_time(step), expected)
+    assert torch.equal(kernel.warmup_stability_rule().relaxation_time(step), expected)

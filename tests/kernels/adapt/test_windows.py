@@ -44,7 +44,7 @@ def test_the_first_metric_whitens_the_curvature_and_the_step_follows_the_rule(fl
     assert state.metric.count == 1 and state.metric.draw_count == 9  # one slow-phase probe, draws after step 15
     restored = restore_adaptation(state, adaptation_fields(state), "cpu")
     assert all(torch.equal(a, b) for a, b in zip(restored.metric[:1], state.metric[:1]))
-    assert restored.step_size.noise_count == state.step_size.noise_count
+    assert restored.step.noise_count == state.step.noise_count
 
 
 def test_the_warmup_runs_without_a_kernel(float64):
