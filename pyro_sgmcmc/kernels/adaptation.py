@@ -85,6 +85,7 @@ class WarmupDriver:
         self.jumps = jumps_init(warmup_steps, position.shape[0], position.device)
         self.auto.reset()
         self.jump_threshold, self.approach, self.approach_steps, self.chain_step_size = None, None, 0, None
+        # an adaptation flag on and T > 0 (at T = 0 there is no posterior to adapt to: the kernel is an optimiser)
         adapts = (context.adapt_step_size or context.adapt_mass_matrix) and context.temperature > 0
         if not (adapts and warmup_steps >= MIN_ADAPTATION_WARMUP):
             self.settings, self.adaptation, self.adapting = None, None, False

@@ -164,16 +164,8 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         return 1.0
 
     def warmup_stability_rule(self) -> StabilityRule:
-        """The warmup's stability rule of this kernel family (:mod:`~pyro_sgmcmc.kernels.adapt.stability`): the
-        step size it can take and how fast it mixes; here the first-order (Langevin) rule. A family with other
-        dynamics declares its own."""
+        """The family's step-size rule for the warmup (``kernels/adapt/stability.py``): first order (Langevin)."""
         return StabilityRule(FIRST_ORDER_CONSTANT, second_order=False, damping=self.damping)
-
-    @property
-    def adapts(self) -> bool:
-        """Whether set-up runs the three-phase warmup (``kernels/warmup.py``): an adaptation flag is on and
-        ``temperature > 0`` (at ``T = 0`` there is no posterior to adapt to: the kernel is an optimiser)."""
-        return (self.adapt_step_size or self.adapt_mass_matrix) and self.temperature > 0
 
     def configuration(self) -> Dict[str, object]:
         """The settings that change the draws, JSON-able (for checkpoint fingerprints).

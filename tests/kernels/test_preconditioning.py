@@ -195,8 +195,8 @@ def test_badly_scaled_gaussian_with_default_settings(kernel_cls):
 def test_bad_input():
     # adapt_mass_matrix=True at T = 0 is no error: nothing is adapted, the kernel optimises with the given step
     kernel = SGLD(gaussian_model, step_size=1e-3, adapt_mass_matrix=True, temperature=0.0)
-    assert not kernel.adapts
-    kernel.setup_chains(10, (), num_chains=2, seed=0)
+    kernel.setup_chains(40, (), num_chains=2, seed=0)  # 40 steps would adapt at T > 0 (MIN_ADAPTATION_WARMUP = 20)
+    assert kernel.warmup.adaptation is None
     for _ in range(10):
         kernel.step()
     assert kernel.inverse_mass_matrix is None and kernel.last_stats["step_size"].tolist() == [1e-3, 1e-3]
