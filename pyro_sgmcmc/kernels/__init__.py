@@ -2,8 +2,9 @@
 
 Where things live: the pure update rules in ``diffusions``; one module per kernel (``sgld``, ``sghmc``,
 ``sgnht``); the Pyro protocol in ``base`` and the vectorised chains in ``batched``; the gradient estimators in
-``gradients`` and ``control_variates``; the warmup in ``adaptation`` (driver), ``warmup`` (approach, jump
-thresholds), ``preconditioning``, ``metric`` and ``curvature_probes``; the chain state, divergences, starting
+``gradients`` and ``control_variates``; the warmup in ``adaptation`` (driver), ``adapt`` (the adaptations as
+pure ``(init, update, final)`` over named tuples: approach, jump thresholds, step size, metric, windows), ``warmup``
+(phases and constants), ``preconditioning``, ``metric`` and ``curvature_probes``; the chain state, divergences, starting
 points and argument checks in ``state``, ``divergences``, ``initialisation`` and ``arguments``.
 """
 

@@ -35,7 +35,8 @@ from ..chains.streams import ChainGenerators
 from ..model.potential import JitMode, ModelPotential, check_jit_compile
 from ..schedules import Schedule, as_schedule
 from . import arguments as checks
-from .adaptation import WarmupDriver
+from .adapt.stability import FIRST_ORDER_CONSTANT, StabilityRule
+from .adaptation import WarmupDriver, warmup_context
 from .batched import BatchedChains
 from .configuration import describe
 from .control_variates import ControlVariate
@@ -143,7 +144,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         self.minibatches: Optional[MinibatchSampler] = None
         self.gradient_estimator: Optional[GradientEstimator] = None
         self.divergence_record: Optional[DivergenceRecord] = None
-        self.warmup = WarmupDriver(self)
+        self.warmup = WarmupDriver()
         self.superchain_ids: Optional[torch.Tensor] = None
         self._fixed_control_variate: Optional[ControlVariate] = None  # "map" or dict, per data set
         self._prepared: Optional[tuple] = None  # the chains of prepare_chains, for start_chains or restore_chains
@@ -163,11 +164,9 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         diffusion): the warmup's gradient-noise cap and relaxation time read it."""
         return 1.0
 
-    @property
-    def adapts(self) -> bool:
-        """Whether set-up runs the three-phase warmup (``kernels/warmup.py``): an adaptation flag is on and
-        ``temperature > 0`` (at ``T = 0`` there is no posterior to adapt to: the kernel is an optimiser)."""
-        return (self.adapt_step_size or self.adapt_mass_matrix) and self.temperature > 0
+    def warmup_stability_rule(self) -> StabilityRule:
+        """The family's step-size rule for the warmup (``kernels/adapt/stability.py``): first order (Langevin)."""
+        return StabilityRule(FIRST_ORDER_CONSTANT, second_order=False, damping=self.damping)
 
     def configuration(self) -> Dict[str, object]:
         """The settings that change the draws, JSON-able (for checkpoint fingerprints).
@@ -317,13 +316,13 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         self.minibatches.load_state_dict(saved["minibatches"])
         self.divergence_record.load_state_dict(saved, device)
         self._last_step_size = saved["last_step_size"]
-        self.warmup.load_state_dict(saved, device)
         if "control_variate" in saved:
             if isinstance(self.gradient_estimator, ControlVariate):
                 self.gradient_estimator.load_state_dict(saved["control_variate"], device)
             else:  # "auto": chosen in warmup
                 saved_centre = saved["control_variate"]
                 self.gradient_estimator = ControlVariate.from_state_dict(self.potential, saved_centre, device)
+        self.warmup.load_state_dict(saved, self.state, warmup_context(self))
 
     # ------------------------------------------------------------------ statistics and read-outs
     @property

@@ -26,6 +26,7 @@ from ..chains.streams import ChainGenerators
 from ..model.potential import ModelPotential
 from ..schedules import Constant
 from . import arguments as checks
+from .adaptation import warmup_context
 from .control_variates import ControlVariate
 from .divergences import DivergenceRecord
 from .gradients import GradientEstimator, MinibatchGradient
@@ -231,7 +232,7 @@ class BatchedChains:
             positions.shape[0], positions.device, self.on_divergence, type(self).__name__
         )
         self._sampling: Optional[SamplingRun] = None
-        self.warmup.setup(warmup_steps)
+        self.state = self.warmup.setup(warmup_steps, state, warmup_context(self))
         self._last_step_size = self.step_size(0)
 
     def _setup_control_variate(self, positions: torch.Tensor) -> GradientEstimator:
@@ -262,10 +263,11 @@ class BatchedChains:
         # warmup: one step, through the driver (kernels/adaptation.py), which adapts after it
         previous = state
         warmup = self.warmup
-        if warmup.approach is not None and state.step < warmup.approach.num_steps:
+        if warmup.in_approach(state.step):
             self.divergence_record.last = self.divergence_record.none
-            self._last_step_size = warmup.approach.typical_step()
-            return warmup.approach_step(state)
+            self._last_step_size = warmup.typical_step()
+            self.state = state = warmup.approach_step(state)
+            return state
         step_size = self.step_size(state.step) if warmup.chain_step_size is None else warmup.chain_step_size
         # the noise is drawn into the kernel's own buffer (no step keeps it), and the drift -grad U / N is
         # scaled inside the update's pass (drift_scale): no new tensor of the chains' size for either
@@ -289,9 +291,11 @@ class BatchedChains:
             state = record.reject(previous, state, finite, None, self.potential, warmup.jump_threshold, indices)
         self.state = state
         self._last_step_size = step_size
-        # the driver may then write the kernel's state (a reset momentum, a control variate's arrival): the
-        # returned state is the step's, as before the split (the warmup's own rewrite makes them one)
-        warmup.after_step(previous, state, record.last)
+        if state.step <= warmup.warmup_steps:  # warmup only: nothing of this runs while sampling
+            state, chosen = warmup.after_step(previous, state, record.last)
+            self.state = state
+            if chosen is not None:  # control_variate="auto" chose a control variate
+                self.gradient_estimator = chosen
         return state
 
     def dynamics(self) -> Dynamics:

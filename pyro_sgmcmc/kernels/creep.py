@@ -41,23 +41,26 @@ def _diagonal(values: torch.Tensor) -> torch.Tensor:
     return values.diagonal(dim1=-2, dim2=-1) if values.dim() == 3 else values
 
 
-def drift_offsets(adaptation, relaxation: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+def drift_offsets(
+    adaptation, num_data: int, temperature: float, relaxation: torch.Tensor
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """Per chain and coordinate ``(C, D)``: the offsets :math:`\\delta` in posterior sds and whether each is a
     significant drift (module docstring), from the slow-phase sums of a
-    :class:`~pyro_sgmcmc.kernels.preconditioning.MassMatrixAdaptation`; ``None`` without enough of them.
+    :class:`~pyro_sgmcmc.kernels.adapt.windows.WindowedState` (the metric's draws and probed Hessians, the step
+    size's drift-noise covariances); ``None`` without enough of them.
 
     ``relaxation`` is the chains' relaxation time in steps, ``(C,)``."""
-    n = adaptation.draw_count
-    if n < CREEP_MIN_DRAWS or adaptation.noise_sum is None or adaptation.hessian_sum is None:
+    metric, step = adaptation.metric, adaptation.step
+    n = metric.draw_count
+    if n < CREEP_MIN_DRAWS or step.noise_sum is None or metric.hessian_sum is None:
         return None
-    num_data, temperature = adaptation.probes.num_data, adaptation.temperature
     if temperature <= 0:
         return None
-    mean = (adaptation.grad_sum / n).double()
-    noise = _diagonal(adaptation.noise_sum / adaptation.noise_count).double() * num_data**2
+    mean = (metric.grad_sum / n).double()
+    noise = _diagonal(step.noise_sum / step.noise_count).double() * num_data**2
     # the probed Hessian, not the curvature the gradients see: a drift inflates the gradients' spread over the slow
     # phase, which would hide the drift it comes from
-    curvature = _diagonal(adaptation.hessian_sum / adaptation.count).double().abs() / num_data
+    curvature = _diagonal(metric.hessian_sum / metric.count).double().abs() / num_data
     curvature = curvature.clamp_min(torch.finfo(torch.float64).tiny)
     tau = relaxation.double().reshape(-1, 1)
     variance = (noise.clamp_min(0.0) + 2.0 * tau * temperature * num_data * curvature) / n

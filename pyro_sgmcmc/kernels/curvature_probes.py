@@ -7,14 +7,15 @@ chains' points without second derivatives: a Hessian-vector product is the centr
           \\qquad h = \\epsilon_{\\mathrm{mach}}^{1/3} \\max(|z|_\\infty, 1) / |u|,
 
 with the *same* minibatch :math:`S` on both sides (the difference then has no minibatch noise of its own), all
-probes of all chains in one vectorised call. :class:`CurvatureProbes` holds what the probes need from a kernel,
-as public callables: the gradient estimate (``evaluate``) and the next minibatch (``next_indices``).
+probes of all chains in one vectorised call. :class:`CurvatureProbes` is a value holding what the probes need
+from a kernel, as callables: the gradient estimate (``evaluate``) and the next minibatch (``next_indices``). Each
+probe returns its result and the number of gradient evaluations (per chain) it spent.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Sequence, Tuple
+from typing import Callable, Mapping, NamedTuple, Sequence, Tuple
 
 import torch
 
@@ -35,7 +36,7 @@ class _Indices:
         self.next = next_indices
 
 
-class CurvatureProbes:
+class CurvatureProbes(NamedTuple):
     """Finite-difference curvature probes at the chains' points.
 
     Parameters
@@ -49,25 +50,12 @@ class CurvatureProbes:
         The subsampled plates the minibatches are drawn for (none: the gradient is exact, no noise).
     num_data : int
         :math:`N`, the normaliser of the drift.
-
-    Attributes
-    ----------
-    evaluations : int
-        Gradient evaluations per chain spent on probes so far.
     """
 
-    def __init__(
-        self,
-        evaluate: Callable[[torch.Tensor, Mapping[str, torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]],
-        next_indices: Callable[[], Mapping[str, torch.Tensor]],
-        plates: Sequence,
-        num_data: int,
-    ) -> None:
-        self.evaluate = evaluate
-        self.next_indices = next_indices
-        self.plates = plates
-        self.num_data = num_data
-        self.evaluations = 0
+    evaluate: Callable[[torch.Tensor, Mapping[str, torch.Tensor]], Tuple[torch.Tensor, torch.Tensor]]
+    next_indices: Callable[[], Mapping[str, torch.Tensor]]
+    plates: Sequence
+    num_data: int
 
     def gradient_differences(self, points: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
         """Central differences ``(g(z + h u) - g(z - h u)) / (2 h)`` of the (unnormalised) gradient of U.
@@ -84,19 +72,19 @@ class CurvatureProbes:
         both = {k: torch.cat([v, v]) for k, v in rows.items()}
         _, grads = self.evaluate(torch.cat([plus, minus]), both)
         difference = (grads[: C * K] - grads[C * K :]).reshape(C, K, D)
-        self.evaluations += 2 * K
         return difference / (2 * steps.unsqueeze(-1))
 
-    def hessian(self, position: torch.Tensor) -> torch.Tensor:
+    def hessian(self, position: torch.Tensor) -> Tuple[torch.Tensor, int]:
         """The Hessian of U at each chain's point, ``(C, D, D)`` (``dim <= 64``: one probe per
-        coordinate), or only its diagonal ``(C, D)`` from Rademacher probes for larger ``dim``."""
+        coordinate), or only its diagonal ``(C, D)`` from Rademacher probes for larger ``dim``; and the
+        evaluations spent (two per probe)."""
         C, D = position.shape
         h = _difference_step(position.dtype)
         if D <= EXACT_DIAGONAL_MAX_DIM:
             eye = torch.eye(D, dtype=position.dtype, device=position.device)
             directions = eye.expand(C, D, D)
             steps = h * position.abs().clamp_min(1.0)  # (C, D): one probe per coordinate
-            return self.gradient_differences(position, directions, steps)  # row i: H e_i
+            return self.gradient_differences(position, directions, steps), 2 * D  # row i: H e_i
         # Rademacher probes (deterministic signs: no draw from the chains' streams)
         generator = torch.Generator(device="cpu").manual_seed(0)
         signs = (torch.randint(0, 2, (NUM_PROBES, D), generator=generator) * 2 - 1).to(position)
@@ -104,11 +92,12 @@ class CurvatureProbes:
         steps = torch.full((C, NUM_PROBES), h, dtype=position.dtype, device=position.device)
         steps = steps * position.abs().amax(-1, keepdim=True).clamp_min(1.0) / math.sqrt(D)
         hv = self.gradient_differences(position, directions, steps)
-        return (hv * directions).mean(1)
+        return (hv * directions).mean(1), 2 * NUM_PROBES
 
-    def largest_curvature(self, position: torch.Tensor, factor: torch.Tensor, full: bool) -> torch.Tensor:
+    def largest_curvature(self, position: torch.Tensor, factor: torch.Tensor, full: bool) -> Tuple[torch.Tensor, int]:
         """Power iteration for the largest absolute eigenvalue of :math:`L^\\top H L / N` per chain, ``(C,)``,
-        with ``factor`` :math:`L` (``(C, D, D)`` if ``full``, else its diagonal ``(C, D)``)."""
+        with ``factor`` :math:`L` (``(C, D, D)`` if ``full``, else its diagonal ``(C, D)``); and the evaluations
+        spent (two per iteration)."""
         C, D = position.shape
         h = _difference_step(position.dtype)
         v = torch.ones(C, D, dtype=position.dtype, device=position.device)
@@ -125,23 +114,23 @@ class CurvatureProbes:
             norm = hv.norm(dim=-1, keepdim=True)
             ok = torch.isfinite(norm) & (norm > 0)
             v = torch.where(ok, hv / norm.clamp_min(torch.finfo(norm.dtype).tiny), v)
-        return torch.where(torch.isfinite(lam), lam, torch.zeros_like(lam))
+        return torch.where(torch.isfinite(lam), lam, torch.zeros_like(lam)), 2 * POWER_ITERATIONS
 
-    def drift_noise_covariance(self, position: torch.Tensor) -> torch.Tensor:
+    def drift_noise_covariance(self, position: torch.Tensor) -> Tuple[torch.Tensor, int]:
         """Covariance of the minibatch drift ``grad U / N`` in z units from ``NOISE_MINIBATCHES`` minibatches at
-        the chains' points: ``(C, D, D)`` for ``dim <= 64``, else its diagonal ``(C, D)`` (0 for a full batch)."""
+        the chains' points: ``(C, D, D)`` for ``dim <= 64``, else its diagonal ``(C, D)`` (0 for a full batch);
+        and the evaluations spent."""
         C, D = position.shape
         dense = D <= EXACT_DIAGONAL_MAX_DIM
         if not self.plates:
-            return position.new_zeros((C, D, D) if dense else (C, D))
+            return position.new_zeros((C, D, D) if dense else (C, D)), 0
         drifts = minibatch_gradients(self.evaluate, position, _Indices(self.next_indices)) / self.num_data
-        self.evaluations += NOISE_MINIBATCHES
         centred = drifts - drifts.mean(0)  # (K, C, D)
         if dense:
             covariance = torch.einsum("kci,kcj->cij", centred, centred) / (NOISE_MINIBATCHES - 1)
         else:
             covariance = (centred * centred).sum(0) / (NOISE_MINIBATCHES - 1)
-        return torch.where(torch.isfinite(covariance), covariance, torch.zeros_like(covariance))
+        return torch.where(torch.isfinite(covariance), covariance, torch.zeros_like(covariance)), NOISE_MINIBATCHES
 
 
 def _difference_step(dtype: torch.dtype) -> float:

@@ -6,6 +6,7 @@ from typing import Dict
 
 import torch
 
+from .adapt.stability import SECOND_ORDER_CONSTANT, StabilityRule
 from .arguments import INIT_MOMENTA, choice, non_negative, positive, renamed_attribute
 from .base import SGMCMCKernel, SGMCMCState
 from .diffusions import kinetic_energy as _kinetic_energy
@@ -81,6 +82,10 @@ class SGHMC(SGMCMCKernel):
     @property
     def damping(self) -> float:
         return self.friction
+
+    def warmup_stability_rule(self) -> StabilityRule:
+        """Second order (symplectic Euler: :math:`\\epsilon = 0.4 / \\sqrt{\\lambda_{max}}`), damped by the friction."""
+        return StabilityRule(SECOND_ORDER_CONSTANT, second_order=True, damping=self.friction)
 
     initial_momentum = renamed_attribute("initial_momentum", "init_momentum")
 

@@ -6,6 +6,7 @@ from typing import Dict, Optional
 
 import torch
 
+from .adapt.stability import THERMOSTAT_CONSTANT, StabilityRule
 from .arguments import INIT_MOMENTA, choice, non_negative, positive, renamed_attribute
 from .base import SGMCMCKernel, SGMCMCState
 from .diffusions import kinetic_energy as _kinetic_energy
@@ -90,6 +91,11 @@ class SGNHT(SGMCMCKernel):
     @property
     def damping(self) -> float:
         return self.diffusion
+
+    def warmup_stability_rule(self) -> StabilityRule:
+        """Second order with a thermostat (:math:`\\epsilon = 0.1 / \\sqrt{\\lambda_{max}}`: :math:`\\epsilon \\xi` must
+        stay well below 2 while the thermostat fluctuates), damped by the injected noise's diffusion."""
+        return StabilityRule(THERMOSTAT_CONSTANT, second_order=True, damping=self.diffusion)
 
     initial_momentum = renamed_attribute("initial_momentum", "init_momentum")
     initial_thermostat = renamed_attribute("initial_thermostat", "init_thermostat")

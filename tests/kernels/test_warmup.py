@@ -178,7 +178,9 @@ def test_adaptation_arguments_are_checked():
     with pytest.raises(ValueError, match="a step-size schedule cannot be adapted"):
         SGLD(model, step_size=lambda t: 0.1)
     SGLD(model, step_size=lambda t: 0.1, adapt_step_size=False)  # a schedule is fine without adaptation
-    assert not SGHMC(model, temperature=0.0).adapts  # T = 0: an optimiser, nothing to adapt
+    optimiser = SGHMC(model, temperature=0.0)  # T = 0: an optimiser, nothing to adapt
+    optimiser.setup_chains(40, seed=0)
+    assert optimiser.phase == "warmup" and optimiser.warmup.adaptation is None
 
 
 def test_the_metric_is_bounded():
