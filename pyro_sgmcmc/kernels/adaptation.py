@@ -331,7 +331,7 @@ class WarmupDriver:
         step_size = self.chain_step_size
         if step_size is not None and not torch.is_tensor(step_size):  # frozen to a number: the tensor it came from
             adapted = self.adaptation.step_size if self.adaptation is not None else None
-            step_size = adapted if torch.is_tensor(adapted) else torch.tensor([[step_size]])
+            step_size = adapted if torch.is_tensor(adapted) else step_size
         factor = self.adaptation.factor if self.preconditioned else None
         return SamplingParameters(step_size, factor, self.jump_threshold)
 
