@@ -83,7 +83,9 @@ class WarmupDriver:
         self.context, self.probes = context, _probes(context)
         position = state.position
         self.warmup_steps = warmup_steps
-        self.jumps = jumps_init(warmup_steps, position.shape[0], position.device)
+        approach = approach_length(warmup_steps)
+        # the running threshold from the approach's second half: its first steps are the descent (jumps.py)
+        self.jumps = jumps_init(warmup_steps, position.shape[0], position.device, running_start=approach // 2)
         self.auto.reset()
         self.jump_threshold, self.approach, self.approach_steps, self.chain_step_size = None, None, 0, None
         # an adaptation flag on and T > 0 (at T = 0 there is no posterior to adapt to: the kernel is an optimiser)
@@ -91,7 +93,6 @@ class WarmupDriver:
         if not (adapts and warmup_steps >= MIN_ADAPTATION_WARMUP):
             self.settings, self.adaptation, self.adapting = None, None, False
             return state
-        approach = approach_length(warmup_steps)
         self.settings = _windowed_settings(context, state, warmup_steps - approach, approach)
         self.adaptation = WindowedState(metric_init(position, self.settings.preconditioned), step_size_init(), 0)
         self.adapting = True
@@ -127,6 +128,8 @@ class WarmupDriver:
             energy = torch.where(finite, energy, state.potential)
             grad = torch.where(keep, grad, state.grad)
         self.approach = approach
+        # the step-to-step changes count for the running jump threshold from the approach's second half on
+        self.jumps = jumps_update(self.jumps, state.step + 1, energy - state.potential)
         state = state.replace(position=position, potential=energy, grad=grad, step=state.step + 1)
         if state.step == self.approach_steps:
             state = self._start_adaptation(state)
@@ -141,6 +144,8 @@ class WarmupDriver:
             self.auto.propose(context.potential, context.plates, state)
         self.adaptation = windowed_init(self.settings, state.position, self.probes)
         self.chain_step_size = self.adaptation.step_size
+        # the adaptation's first steps are guarded by the noise measured at rest in the approach's second half
+        self.jump_threshold = running_threshold(self.jumps)
         return state
 
     def after_step(self, previous: SGMCMCState, state: SGMCMCState, diverging: torch.Tensor) -> WarmupUpdate:
@@ -296,7 +301,7 @@ class WarmupDriver:
     def state_dict(self) -> dict:
         """The adaptations' states, each named tuple's fields under their names (:mod:`~pyro_sgmcmc.kernels.adapt.
         saved`), the thresholds in force and the automatic control variate's candidate; tensors on the CPU."""
-        jumps = fields_of(self.jumps, skip=("start", "end"))
+        jumps = fields_of(self.jumps, skip=("start", "end", "running_start"))
         out = {"jumps": jumps, "jump_threshold": self.jump_threshold, "adapting": self.adapting}
         if self.approach is not None:
             out["approach"] = fields_of(self.approach)

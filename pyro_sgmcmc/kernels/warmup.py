@@ -47,9 +47,11 @@ potential over the second half of warmup (the minibatch noise of :math:`\\hat U`
 scale, plus the chain's own motion) and ``max_delta_energy`` = 1000 as in Pyro's NUTS. A chain that
 leaves the posterior's range (a blow-up, a position of :math:`10^{100}`) raises its potential by far
 more than that; a chain at stationarity never does (:math:`Z_{jump} = 10`: ten times the RMS of the
-step-to-step noise). The jump check is active in sampling only, once :math:`s_c` is measured (at
-least :data:`MIN_JUMP_STEPS` warmup steps); the finiteness check always. (The thresholds are
-:mod:`~pyro_sgmcmc.kernels.adapt.jumps`.)
+step-to-step noise). In adaptation the same check runs with a running :math:`s_c`, measured from the
+approach's second half on (the chains at rest there: the changes are the minibatch noise), so that it
+guards the very first steps under the first metric; a jump there is a divergence, the chain is put back and
+its step halved. The jump check needs :data:`MIN_JUMP_STEPS` measured steps; the finiteness check runs
+always. (The thresholds are :mod:`~pyro_sgmcmc.kernels.adapt.jumps`.)
 """
 
 from __future__ import annotations

@@ -138,6 +138,39 @@ def test_a_jump_of_the_potential_is_a_divergence(float64):
         kernel.warn_divergences()
 
 
+def test_the_first_adaptation_steps_are_guarded_against_a_jump(float64):
+    """The adaptation's running jump threshold is measured from the approach's second half (where the chain has
+    come to rest, and the changes are the minibatch noise: a few units here), so it is in force from the first
+    adaptation step. Before, the first 20 adaptation steps had none: on eight schools a step of 0.4 under the
+    first metric threw log tau from 6 to -3,400 (a jump of 9e4) at the 17th step, unnoticed, and the run ended
+    with tau = 0 in every draw. Here a jump of 1e6 at the first adaptation step is a divergence, and the chain
+    is put back."""
+    torch.manual_seed(0)
+    y = 3.0 + torch.randn(200, dtype=torch.float64)
+    trap = {"on": False}
+
+    def model():
+        mu = pyro.sample("mu", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 10.0))
+        if trap["on"]:
+            pyro.factor("trap", torch.tensor(-1e6, dtype=torch.float64))
+        with pyro.plate("data", len(y), subsample_size=50) as idx:
+            pyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
+
+    kernel = SGHMC(model, jit_compile=False)
+    kernel.setup_chains(400, seed=0)
+    for _ in range(approach_length(400)):
+        kernel.step()
+    assert kernel.phase == "adaptation"
+    threshold = float(kernel.warmup.jump_threshold[0])
+    assert MAX_DELTA_ENERGY < threshold < MAX_DELTA_ENERGY + JUMP_Z * 100  # minibatch noise of U: a few units
+    before = kernel.state
+    trap["on"] = True
+    kernel.step()
+    assert bool(kernel.divergence_record.last[0])
+    assert "a jump of the potential by 1e+06" in kernel.divergence_log[-1][3]
+    assert torch.equal(kernel.state.position, before.position)
+
+
 def test_a_huge_initial_step_size_is_adapted_away(float64):
     """``SGHMC(model, step_size=50.0)`` on a regression with raw covariates (sd 100): the initial step is only
     the starting value; the adapted chain's draws are sane (the posterior mean of the coefficient, 1, is

@@ -5,9 +5,12 @@ A step diverges when its minibatch potential jumps up by more than
 .. math:: \\Delta_{max} = \\texttt{max\\_delta\\_energy} + Z_{jump}\\, s_c, \\qquad
           s_c = \\sqrt{\\tfrac{1}{n} \\textstyle\\sum_t (\\hat U_{t} - \\hat U_{t-1})^2},
 
-the root-mean-square over chain ``c``'s warmup steps (a running threshold in adaptation, from every step so far;
-the sampling phase's from the second half of warmup), once at least :data:`MIN_JUMP_STEPS` steps are measured
-(see :mod:`~pyro_sgmcmc.kernels.warmup`).
+the root-mean-square over chain ``c``'s warmup steps, once at least :data:`MIN_JUMP_STEPS` steps are measured
+(see :mod:`~pyro_sgmcmc.kernels.warmup`). The sampling phase's threshold is measured over the second half of
+warmup. The adaptation's is a running one, measured from ``running_start`` on: the second half of the approach,
+where the chains have come to rest and the changes are the minibatch noise. The approach's first steps descend
+from the starting point, by changes that say nothing of that noise (from a far start, :math:`10^4` and more):
+counted, they would raise the threshold past the blow-up it is there to catch.
 
 Examples
 --------
@@ -54,10 +57,12 @@ class JumpState(NamedTuple):
     ----------
     start, end : int
         The second half of warmup: steps ``start < t <= end`` count for the sampling phase's threshold.
+    running_start : int
+        Steps ``t > running_start`` count for the running threshold.
     sum_squares : Tensor ``(C,)`` float64
         Over the second half of warmup, and ``count`` its steps.
     running_sum_squares : Tensor ``(C,)`` float64
-        Over every recorded step, and ``running_count`` their number.
+        Over the steps after ``running_start``, and ``running_count`` their number.
     """
 
     start: int
@@ -66,6 +71,7 @@ class JumpState(NamedTuple):
     count: int
     running_sum_squares: torch.Tensor
     running_count: int
+    running_start: int = 0
 
     def replace(self, **changes) -> "JumpState":
         """A copy with the named fields replaced (the others shared, not copied)."""
@@ -76,10 +82,11 @@ class JumpState(NamedTuple):
         return dict(zip(self._fields, self))
 
 
-def jumps_init(warmup_steps: int, num_chains: int, device) -> JumpState:
-    """No change recorded yet, for a warmup of ``warmup_steps`` steps."""
+def jumps_init(warmup_steps: int, num_chains: int, device, running_start: int = 0) -> JumpState:
+    """No change recorded yet, for a warmup of ``warmup_steps`` steps whose running threshold counts the steps after
+    ``running_start``."""
     zeros = torch.zeros(num_chains, dtype=torch.float64, device=device)
-    return JumpState(warmup_steps - warmup_steps // 2, warmup_steps, zeros, 0, zeros.clone(), 0)
+    return JumpState(warmup_steps - warmup_steps // 2, warmup_steps, zeros, 0, zeros.clone(), 0, running_start)
 
 
 def jumps_update(state: JumpState, step: int, jump: torch.Tensor) -> JumpState:
@@ -87,9 +94,11 @@ def jumps_update(state: JumpState, step: int, jump: torch.Tensor) -> JumpState:
     counts as zero."""
     jump = jump.to(torch.float64)
     square = torch.where(torch.isfinite(jump), jump * jump, torch.zeros_like(jump))
-    running = state.replace(
-        running_sum_squares=state.running_sum_squares + square, running_count=state.running_count + 1
-    )
+    running = state
+    if step > state.running_start:
+        running = state.replace(
+            running_sum_squares=state.running_sum_squares + square, running_count=state.running_count + 1
+        )
     if state.start < step <= state.end:
         return running.replace(sum_squares=state.sum_squares + square, count=state.count + 1)
     return running
@@ -102,7 +111,8 @@ def _threshold(sum_squares: torch.Tensor, count: int, max_delta_energy: float) -
 
 
 def running_threshold(state: JumpState, max_delta_energy: float = MAX_DELTA_ENERGY) -> Optional[torch.Tensor]:
-    """``(C,)`` thresholds from every step recorded so far, or ``None`` before :data:`MIN_JUMP_STEPS`."""
+    """``(C,)`` thresholds from the steps recorded after ``running_start``, or ``None`` before :data:`MIN_JUMP_STEPS`
+    of them."""
     return _threshold(state.running_sum_squares, state.running_count, max_delta_energy)
 
 

@@ -1,14 +1,15 @@
 """The adaptations' states in a checkpoint: each named tuple's fields under their own names, tensors on the CPU.
 
 The keys are those of the classes the states replaced (format unchanged): ``"approach"`` holds ``steps``,
-``previous_sign``, ``rejections``; ``"jumps"`` the sums of squares and counts (not ``start``/``end``, which the
-warmup's length gives); ``"adaptation"`` the metric's and the step size's fields and ``num_extra_evaluations``.
+``previous_sign``, ``rejections``; ``"jumps"`` the sums of squares and counts (not ``start``, ``end`` and
+``running_start``, which the warmup's length gives); ``"adaptation"`` the metric's and the step size's fields and
+``num_extra_evaluations``.
 
 Examples
 --------
 >>> import torch
 >>> from .jumps import jumps_init
->>> saved = fields_of(jumps_init(10, 2, "cpu"), skip=("start", "end"))
+>>> saved = fields_of(jumps_init(10, 2, "cpu"), skip=("start", "end", "running_start"))
 >>> sorted(saved), restore(jumps_init(10, 2, "cpu"), saved, "cpu").count
 (['count', 'running_count', 'running_sum_squares', 'sum_squares'], 0)
 """

@@ -33,3 +33,17 @@ def test_thresholds_are_the_rms_of_the_changes_of_their_window():
     assert torch.allclose(running_threshold(state), expected_running, rtol=1e-14)
     assert torch.allclose(jumps_final(state), expected_final, rtol=1e-14)
     assert (state.count, state.running_count) == (30, 60)
+
+
+def test_the_running_threshold_counts_only_the_steps_after_running_start():
+    """``running_start=10``: the running sums hold steps 11-40 only (the approach's descent before it is not the
+    minibatch noise); the sampling threshold's window (steps 21-40) is unchanged. Exact."""
+    jumps = 1e4 * torch.ones(40, 1, dtype=torch.float64)
+    jumps[10:] = 3.0
+    state = jumps_init(40, 1, "cpu", running_start=10)
+    for step in range(1, 41):
+        state = jumps_update(state, step, jumps[step - 1])
+    assert state.running_count == 30 and state.count == 20
+    expected = torch.tensor([MAX_DELTA_ENERGY + JUMP_Z * 3.0], dtype=torch.float64)
+    assert torch.allclose(running_threshold(state), expected, rtol=1e-14)
+    assert torch.allclose(jumps_final(state), expected, rtol=1e-14)
