@@ -19,7 +19,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence, Tuple
 
 import torch
 
-from .warmup import NOISE_MINIBATCHES, minibatch_gradients
+from .warmup import DRIFT_NOISE_MINIBATCHES
 
 __all__ = ["CurvatureProbes", "EXACT_DIAGONAL_MAX_DIM", "NUM_PROBES", "POWER_ITERATIONS"]
 
@@ -27,13 +27,6 @@ __all__ = ["CurvatureProbes", "EXACT_DIAGONAL_MAX_DIM", "NUM_PROBES", "POWER_ITE
 EXACT_DIAGONAL_MAX_DIM = 64
 NUM_PROBES = 16
 POWER_ITERATIONS = 12
-
-
-class _Indices:
-    """The ``next()`` of a minibatch source given as a callable (what :func:`minibatch_gradients` reads)."""
-
-    def __init__(self, next_indices: Callable[[], Mapping[str, torch.Tensor]]) -> None:
-        self.next = next_indices
 
 
 class CurvatureProbes(NamedTuple):
@@ -117,20 +110,35 @@ class CurvatureProbes(NamedTuple):
         return torch.where(torch.isfinite(lam), lam, torch.zeros_like(lam)), 2 * POWER_ITERATIONS
 
     def drift_noise_covariance(self, position: torch.Tensor) -> Tuple[torch.Tensor, int]:
-        """Covariance of the minibatch drift ``grad U / N`` in z units from ``NOISE_MINIBATCHES`` minibatches at
-        the chains' points: ``(C, D, D)`` for ``dim <= 64``, else its diagonal ``(C, D)`` (0 for a full batch);
-        and the evaluations spent."""
+        """Covariance of the minibatch drift ``grad U / N`` in z units from ``DRIFT_NOISE_MINIBATCHES`` (:math:`K`)
+        minibatches at the chains' points: ``(C, D, D)`` for ``dim <= 64``, else its diagonal ``(C, D)`` (0 for a
+        full batch); and the evaluations spent.
+
+        Accumulated one minibatch at a time (memory of one gradient, not :math:`K`), about the first drift
+        :math:`d_1` so that no large mean cancels: with :math:`c_k = d_k - d_1`,
+
+        .. math:: \\hat V = \\frac{1}{K - 1} \\Big(\\sum_k c_k c_k^\\top - \\frac{1}{K}
+                  \\big(\\textstyle\\sum_k c_k\\big)\\big(\\textstyle\\sum_k c_k\\big)^\\top\\Big).
+        """
         C, D = position.shape
         dense = D <= EXACT_DIAGONAL_MAX_DIM
         if not self.plates:
             return position.new_zeros((C, D, D) if dense else (C, D)), 0
-        drifts = minibatch_gradients(self.evaluate, position, _Indices(self.next_indices)) / self.num_data
-        centred = drifts - drifts.mean(0)  # (K, C, D)
-        if dense:
-            covariance = torch.einsum("kci,kcj->cij", centred, centred) / (NOISE_MINIBATCHES - 1)
-        else:
-            covariance = (centred * centred).sum(0) / (NOISE_MINIBATCHES - 1)
-        return torch.where(torch.isfinite(covariance), covariance, torch.zeros_like(covariance)), NOISE_MINIBATCHES
+        count = DRIFT_NOISE_MINIBATCHES
+        first = None
+        for _ in range(count):
+            drift = self.evaluate(position, self.next_indices())[1] / self.num_data
+            if first is None:
+                first = drift
+                total = torch.zeros_like(drift)
+                squares = position.new_zeros((C, D, D) if dense else (C, D))
+                continue
+            centred = drift - first
+            total = total + centred
+            squares = squares + (centred.unsqueeze(-1) * centred.unsqueeze(-2) if dense else centred * centred)
+        outer = total.unsqueeze(-1) * total.unsqueeze(-2) if dense else total * total
+        covariance = (squares - outer / count) / (count - 1)
+        return torch.where(torch.isfinite(covariance), covariance, torch.zeros_like(covariance)), count
 
 
 def _difference_step(dtype: torch.dtype) -> float:

@@ -68,6 +68,8 @@ __all__ = [
     "CONTROL_VARIATE_GAIN",
     "MAX_MINIBATCHES",
     "NOISE_Z",
+    "NOISE_MINIBATCHES",
+    "DRIFT_NOISE_MINIBATCHES",
     "ARRIVAL_Z",
     "STAGE_IMPROVEMENT",
     "PRELIMINARY_MAP_ITERATIONS",
@@ -100,8 +102,15 @@ AUTO_MAP_ITERATIONS = 80
 #: excess over the minimum, ``T d / 2`` nats (the centre's offset then adds at most about this fraction to the
 #: control variate's variance).
 CENTRE_TOLERANCE = 0.05
-#: Minibatches per measurement of the gradient noise (warmup only).
+#: Minibatches per measurement of the gradient noise (warmup only) for ``control_variate="auto"``'s ratios.
 NOISE_MINIBATCHES = 8
+#: Minibatches per measurement of the drift noise that caps the step size (``kernels/adapt/step_size.py``). The
+#: cap reads the *largest* coordinate's variance: from 8 minibatches each coordinate's estimate has a relative sd
+#: of ``sqrt(2 / 7)`` = 53 % at a point, and the maximum over coordinates of such estimates is biased upwards, so
+#: the adapted step was a seventh too small on average and varied by a third between seeds (posteriordb's
+#: earnings, 6 seeds: 0.025-0.055). 32 give 25 % (6 seeds: a fifth, and no step under 0.035), for 32
+#: gradient evaluations per slow-phase probe (about 5 % of a warmup's).
+DRIFT_NOISE_MINIBATCHES = 32
 #: ``control_variate="auto"`` measures its ratios on a shared pool of minibatches, doubled from
 #: ``NOISE_MINIBATCHES`` up to this many while a ratio is within ``NOISE_Z`` jackknife errors of its threshold ...
 MAX_MINIBATCHES = 64
