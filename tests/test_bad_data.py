@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, DivergenceError, DivergenceWarning, ModelError
+from pyro_sgmcmc.guides import AutoDiagVI, AutoLaplace
 
 
 def regression(x, y):
@@ -233,6 +234,14 @@ def test_keyword_data_that_are_not_tensors_are_named_by_keyword():
                 disable_progbar=True)  # fmt: skip
     with pytest.raises(ModelError, match=r"the data must be torch tensors: argument 'y' is a list\."):
         mcmc.run(X, y=Y.tolist())
+
+
+@pytest.mark.parametrize("guide_class", [AutoLaplace, AutoDiagVI])
+def test_the_guides_name_data_that_are_not_tensors(guide_class):
+    pyro.clear_param_store()
+    with pytest.raises(ModelError, match=r"the data must be torch tensors: argument 1 \('y'\) is a list\."):
+        guide_class(regression)(X, Y.tolist())
+    pyro.clear_param_store()
 
 
 def test_a_string_flag_and_a_list_of_sizes_that_the_model_does_not_index_run():
