@@ -4,7 +4,12 @@
   site, the count and the first indices (before any step);
 * a likelihood that is ``-inf`` on some minibatches: each divergence record names the observed site
   and the data indices, ``on_divergence="raise"`` says so before suggesting a smaller step;
-* every plate size and ``subsample_size``: ``ModelError`` naming the plate.
+* every plate size and ``subsample_size``: ``ModelError`` naming the plate;
+* data passed as a list, a tuple, a string or a NumPy array, which the model's plate cannot index (or
+  whose rows fail in the model's arithmetic): ``ModelError`` naming the argument (position and name, or
+  keyword) and saying to pass tensors, with the model's own error as its cause. Only the argument that
+  breaks the model is named: a string flag or a list of sizes the model uses as such runs, and a
+  model that fails for another reason keeps its own error.
 """
 
 import warnings
@@ -18,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, DivergenceError, DivergenceWarning, ModelError
+from pyro_sgmcmc.guides import AutoDiagVI, AutoLaplace
 
 
 def regression(x, y):
@@ -186,3 +192,106 @@ def test_a_model_that_cannot_run_under_vmap_falls_back_to_one_chain_at_a_time():
     with pytest.warns(RuntimeWarning, match="cannot run under torch.func.vmap"):
         mcmc = run(model, torch.randn(50), steps=5)
     assert torch.isfinite(mcmc.get_samples()["mu"]).all()
+
+
+# ---------------------------------------------------------------------- data that are not tensors
+X, Y = data()
+CSV = ",".join(f"{v:.3f}" for v in Y.tolist())  # the data as text, as read from a file and not parsed
+
+
+@pytest.mark.parametrize(
+    "args,label,kind,cause",
+    [
+        ((X, Y.tolist()), "argument 1 ('y')", "a list", TypeError),
+        ((tuple(X.tolist()), Y), "argument 0 ('x')", "a tuple", TypeError),
+        ((X.numpy(), Y), "argument 0 ('x')", "a NumPy array", RuntimeError),  # indexed; fails in w * x[idx]
+        ((X, Y.numpy()), "argument 1 ('y')", "a NumPy array", TypeError),  # indexed; fails in log_prob
+    ],
+    ids=["list", "tuple", "numpy-x", "numpy-y"],
+)
+def test_data_that_are_not_tensors_are_named(args, label, kind, cause):
+    with pytest.raises(ModelError) as error:
+        run(regression, *args)
+    message = str(error.value)
+    assert f"the data must be torch tensors: {label} is {kind}." in message, message
+    assert "torch.as_tensor" in message and cause.__name__ in message, message
+    assert isinstance(error.value.__cause__, cause)  # the model's own error, chained
+    other = "argument 0" if label.startswith("argument 1") else "argument 1"
+    assert other not in message  # only the argument at fault
+
+
+def test_data_given_as_a_string_are_named():
+    with pytest.raises(ModelError, match=r"argument 1 \('y'\) is a str, not a torch.Tensor: if it holds data") as error:
+        run(regression, X, CSV)
+    assert isinstance(error.value.__cause__, IndexError)  # len(CSV) rows of x: out of range
+
+
+def test_keyword_data_that_are_not_tensors_are_named_by_keyword():
+    def model(x, *, y):
+        regression(x, y)
+
+    mcmc = MCMC(SGLD(model, step_size=0.01), 2, 2, num_chains=2, chain_method="vectorized", seed=0,
+                disable_progbar=True)  # fmt: skip
+    with pytest.raises(ModelError, match=r"the data must be torch tensors: argument 'y' is a list\."):
+        mcmc.run(X, y=Y.tolist())
+
+
+@pytest.mark.parametrize("guide_class", [AutoLaplace, AutoDiagVI])
+def test_the_guides_name_data_that_are_not_tensors(guide_class):
+    pyro.clear_param_store()
+    with pytest.raises(ModelError, match=r"the data must be torch tensors: argument 1 \('y'\) is a list\."):
+        guide_class(regression)(X, Y.tolist())
+    pyro.clear_param_store()
+
+
+def test_a_string_flag_and_a_list_of_sizes_that_the_model_does_not_index_run():
+    def model(x, y, link, sizes):
+        assert link == "identity" and sizes == [1, 1]
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand(sizes).to_event(2))
+        with pyro.plate("data", len(y), subsample_size=20) as idx:
+            pyro.sample("obs", dist.Normal(w[0, 0] * x[idx], 1.0), obs=y[idx])
+
+    mcmc = run(model, X, Y, "identity", [1, 1])
+    assert mcmc.get_samples()["w"].shape[-2:] == (1, 1)
+
+
+def test_a_list_of_sizes_beside_list_data_is_not_named():
+    """Both lists can be made tensors; only the data need to be (the sizes work either way)."""
+
+    def model(x, y, sizes):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand(sizes).to_event(1))
+        with pyro.plate("data", len(y), subsample_size=20) as idx:
+            pyro.sample("obs", dist.Normal(w.sum() * x[idx], 1.0), obs=y[idx])
+
+    with pytest.raises(ModelError) as error:
+        run(model, X, Y.tolist(), [2])
+    message = str(error.value)
+    assert "argument 1 ('y') is a list." in message and "sizes" not in message, message
+
+
+def test_a_string_flag_is_not_blamed_for_a_failure_elsewhere():
+    """Non-finite ``initial_params`` fail the set-up, and the model takes a string: the model runs on its
+    arguments as given, so the error is the one about ``initial_params``, not a ``ModelError`` on the string."""
+
+    def model(x, y, link):
+        assert link == "identity"
+        regression(x, y)
+
+    mcmc = pyro.infer.MCMC(SGLD(model), num_samples=1, initial_params={"w": torch.tensor(float("nan"))},
+                           disable_progbar=True)  # fmt: skip
+    with pytest.raises(ValueError, match="initial_params give a non-finite") as error:
+        mcmc.run(X, Y, "identity")
+    assert not isinstance(error.value, ModelError)
+
+
+def test_a_model_failing_for_another_reason_keeps_its_own_error():
+    """A list of sizes (convertible to a tensor) is present, but the model fails on something else: made
+    a tensor, the list does not make it run, so it is not blamed."""
+
+    def model(x, y, sizes):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand(sizes).to_event(1))
+        with pyro.plate("data", len(y), subsample_size=20) as idx:
+            pyro.sample("obs", dist.Normal(w.sum() * x[idx] + undefined_offset, 1.0), obs=y[idx])  # noqa: F821
+
+    with pytest.raises(NameError, match="undefined_offset"):
+        run(model, X, Y, [2])

@@ -167,6 +167,24 @@ def test_api_page_documents_the_public_api_with_math(builds):
     assert r"(D + Q)" in conventions and r"\mathcal{T} = \frac{T}{N}" in conventions
 
 
+def test_every_method_a_page_names_has_an_entry(builds):
+    """A page that recommends a method or attribute of the package (``:meth:`` or ``:attr:``) links to
+    its entry: the target's anchor is on some built page. Sphinx (not nitpicky here) renders a target
+    without an entry as plain code, silently; ``AutoLaplace.fit_map`` was recommended that way."""
+    _, _, out = builds["html"]
+    anchors = set()
+    for page in out.rglob("*.html"):
+        anchors.update(re.findall(r'id="(pyro_sgmcmc\.[\w.]+)"', page.read_text(encoding="utf-8")))
+    role = re.compile(r":(?:meth|attr):`(?:[^`<]*<)?[~!]?(pyro_sgmcmc\.[\w.]+?)(?:\(\))?>?`")
+    named = {}
+    for source in DOCS.rglob("*.rst"):
+        for target in role.findall(source.read_text(encoding="utf-8")):
+            named.setdefault(target, source.relative_to(DOCS).as_posix())
+    assert "pyro_sgmcmc.guides.AutoLaplace.fit_map" in named  # the pattern reads the roles the pages use
+    missing = {target: page for target, page in named.items() if target not in anchors}
+    assert not missing, f"named on these pages without an API entry: {missing}"
+
+
 def test_optional_benchmarks_page_toggled(builds):
     returncode, output, out = builds["toggled"]
     assert returncode == 0, output

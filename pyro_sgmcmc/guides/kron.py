@@ -238,6 +238,15 @@ class KronPrecision(Precision):
         """The dense ``(d, d)`` precision (tests and small models only)."""
         return self.apply_power(torch.eye(self.dim, dtype=self.dtype, device=self.device), 1.0)
 
+    def describe_factors(self) -> str:
+        """The factors' shapes per site, ``{w: (out, out) x (in, in), b: (out, out)}`` (for reprs)."""
+        sites = (f"{name}: " + " x ".join(str(tuple(vectors.shape)) for _, vectors in self.eigen[name])
+                 for name in self.names)  # fmt: skip
+        return "{" + ", ".join(sites) + "}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(factors: {self.describe_factors()})"
+
 
 #: The former name of :class:`KronPrecision` (same class).
 KroneckerPrecision = KronPrecision
@@ -257,6 +266,10 @@ class KroneckerNormal(TorchDistribution):
         self.loc = loc
         self.precision = precision
         super().__init__(loc.shape[:-1], loc.shape[-1:], validate_args=validate_args)
+
+    def __repr__(self) -> str:
+        # torch's repr lists the parameters in ``arg_constraints`` (none here): show the shapes instead
+        return f"{type(self).__name__}(loc: {self.loc.size()}, factors: {self.precision.describe_factors()})"
 
     def expand(self, batch_shape, _instance=None):
         if tuple(batch_shape) != ():

@@ -28,6 +28,7 @@ from pyro.infer.autoguide import AutoLaplaceApproximation
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.poutine.util import site_is_subsample
 
+from ..model.argument_types import naming_non_tensor_data
 from ..model.potential import ModelPotential
 from ._checks import NOT_GIVEN, check_bool, check_callable, check_positive_int, check_precision, renamed_argument
 from .approximation import LaplaceApproximation
@@ -162,9 +163,14 @@ class AutoLaplace(AutoLaplaceApproximation):
         return super().forward(*args, **kwargs)
 
     def _check_latent_sites(self, args: tuple, kwargs: dict) -> None:
-        """A clear error for discrete latent sites and latent sites inside a subsampled plate."""
-        with poutine.block():
-            trace = poutine.trace(self.model).get_trace(*args, **kwargs)
+        """A clear error for discrete latent sites, latent sites inside a subsampled plate, and non-tensor data."""
+
+        def run(args, kwargs):
+            with poutine.block():
+                return poutine.trace(self.model).get_trace(*args, **kwargs)
+
+        with naming_non_tensor_data(self.raw_model, args, kwargs, rerun=run):  # data as a list, a str: named
+            trace = run(args, kwargs)
         discrete, local = [], []
         for name, site in trace.nodes.items():
             if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):

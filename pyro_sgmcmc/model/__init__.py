@@ -11,7 +11,8 @@ The data flow, one module a step:
    batched over chains;
 5. :mod:`~pyro_sgmcmc.model.compiled` (one chain by ``torch.jit.trace``, many by ``torch.func.vmap``) and
    :mod:`~pyro_sgmcmc.model.full_data` (the full data walked in chunks); :mod:`~pyro_sgmcmc.model.checks`
-   names what is not finite.
+   names what is not finite, :mod:`~pyro_sgmcmc.model.argument_types` the list, string or NumPy array
+   given where the model needs a tensor.
 """
 
 from .compiled import JitMode, check_jit_compile

@@ -25,6 +25,7 @@ import torch
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_uniform
 
 from . import checks
+from .argument_types import naming_non_tensor_data
 from .checks import nonfinite_observations, nonfinite_sites, parameter_names
 from .compiled import JitMode, Vectorized, check_jit_compile, compile_potential, value_and_grad
 from .layout import Layout
@@ -117,7 +118,8 @@ class ModelPotential:
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
 
-        traced = trace_model(model, self.model_args, self.model_kwargs, init_strategy, num_data)
+        with naming_non_tensor_data(model, self.model_args, self.model_kwargs, _first_run(self, num_data)):
+            traced = trace_model(model, self.model_args, self.model_kwargs, init_strategy, num_data)
         self._init_fn = traced.init_fn
         self.subsample_plates: List[SubsamplePlate] = traced.subsample_plates
         self.sites: List[LatentSite] = traced.sites
@@ -302,6 +304,12 @@ class ModelPotential:
         The first draw reuses the values of the trace that built the potential (one model run saved), unless
         ``fresh``: then those are dropped and the point is drawn now, under the caller's random state (a seeded
         start must not return values drawn before its seed was set)."""
+        with naming_non_tensor_data(self.model, self.model_args, self.model_kwargs, _first_run(self, self.num_data)):
+            return self._initial_position(initial_params, max_tries, fresh)
+
+    def _initial_position(
+        self, initial_params: Optional[Mapping[str, torch.Tensor]], max_tries: int, fresh: bool
+    ) -> torch.Tensor:
         if initial_params is not None:
             position = self.pack(initial_params)
             potential, grad = self.potential_and_grad(position, self._check_indices())
@@ -340,6 +348,20 @@ class ModelPotential:
             for plate in self.subsample_plates
             if not plate.user_indices
         }
+
+
+def _first_run(potential: ModelPotential, num_data: Optional[int]) -> Callable[[tuple, dict], None]:
+    """``run(args, kwargs)``: trace the model on other arguments and take the gradient of its log joint
+    once, raising as the potential's set-up would (diagnosis of a failed set-up only)."""
+
+    def run(args: tuple, kwargs: dict) -> None:
+        traced = trace_model(potential.model, args, kwargs, potential.init_strategy, num_data)
+        values = {name: value.detach().requires_grad_() for name, value in traced.values.items()}
+        with poutine.block():
+            trace = poutine.trace(poutine.condition(potential.model, data=values)).get_trace(*args, **kwargs)
+        trace.log_prob_sum().backward()
+
+    return run
 
 
 def _check_finite_data(potential: ModelPotential, values: Mapping[str, torch.Tensor]) -> None:

@@ -307,3 +307,19 @@ def test_kron_on_a_model_without_subsampling(float64):
     guide.loc.data = loc.clone()
     unindexed = guide.laplace_approximation(x, y)
     _close(unindexed.posterior_precision.dense(), batched.posterior_precision.dense())
+
+
+def test_kron_posterior_repr_shows_the_shapes(float64):
+    """``print(laplace.get_posterior())`` says what the Gaussian is over, as torch's distributions do
+    (``Normal(loc: torch.Size([3]), ...)``): the flat mean's size and each site's factor shapes,
+    ``G (out, out) x A (in, in)`` for a weight, ``G`` for a bias; a site's block (``as_prior``) its own."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(N, D_IN, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (N,), generator=g)
+    pyro.set_rng_seed(0)
+    d = 4 * D_IN + 4 + 3 * 4 + 3
+    (kron,) = _approximations(_Mlp(), (x, y), 0.1 * torch.randn(d, generator=g, dtype=torch.float64), "kron")
+    factors = "hidden.weight: (4, 4) x (3, 3), hidden.bias: (4, 4), out.weight: (3, 3) x (4, 4), out.bias: (3, 3)"
+    assert repr(kron.get_posterior()) == f"KroneckerNormal(loc: torch.Size([{d}]), factors: {{{factors}}})"
+    assert repr(kron.posterior_precision) == f"KronPrecision(factors: {{{factors}}})"
+    assert repr(kron.as_prior()["out.bias"]) == "KroneckerNormal(loc: torch.Size([3]), factors: {out.bias: (3, 3)})"
