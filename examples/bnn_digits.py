@@ -290,7 +290,12 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="a few-second smoke run")
     parser.add_argument("--out", type=Path, default=Path("bnn_digits_results.json"), help="JSON results path")
-    parser.add_argument("--progress", action="store_true", help="show Pyro's progress bars")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress bars, shown by default as Pyro's MCMC shows them (--no-progress hides them)",
+    )
     args = parser.parse_args(argv)
     if args.tiny:
         args.hidden, args.map_steps, args.warmup_steps, args.num_samples, args.thin = 16, 100, 100, 100, 10

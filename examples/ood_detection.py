@@ -311,7 +311,12 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="a few-second smoke run")
     parser.add_argument("--out", type=Path, default=Path("ood_detection_results"), help="output directory")
-    parser.add_argument("--progress", action="store_true", help="show progress bars")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress bars, shown by default as Pyro's MCMC shows them (--no-progress hides them)",
+    )
     args = parser.parse_args(argv)
     if args.tiny:
         args.hidden, args.map_steps, args.serial_burn_in, args.serial_draws, args.thin = 8, 50, 20, 5, 5

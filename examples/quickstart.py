@@ -180,7 +180,12 @@ def parse_args(argv=None):
     parser.add_argument("--tiny", action="store_true", help="a few-second smoke run (tiny sizes)")
     parser.add_argument("--out", type=Path, default=Path("quickstart_out"),
                         help="results directory (or a .json file path); default ./quickstart_out")  # fmt: skip
-    parser.add_argument("--progress", action="store_true", help="show Pyro's progress bars")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress bars, shown by default as Pyro's MCMC shows them (--no-progress hides them)",
+    )
     args = parser.parse_args(argv)
     if args.tiny:
         args.num_data, args.num_samples, args.warmup_steps = 10_000, 300, 200
