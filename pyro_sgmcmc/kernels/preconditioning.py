@@ -63,7 +63,7 @@ subsampled data the step is further capped, from the slow phase on, so that the 
 the stationary variance by at most 10 %: the inflation is :math:`\\epsilon N V / (2 \\alpha T)`
 (SGLD: :math:`\\alpha = 1`; SGHMC: the friction; SGNHT: the diffusion), with :math:`V` the largest
 per-coordinate variance of the minibatch drift in :math:`w` units, averaged over the points probed
-(8 minibatches each). A divergence in adaptation halves the chain's step until the next slow-phase probe.
+(32 minibatches each). A divergence in adaptation halves the chain's step until the next slow-phase probe.
 With ``adapt_mass_matrix=False`` and ``adapt_step_size=True`` the metric is the identity and only the step
 adapts.
 """
