@@ -21,14 +21,21 @@ minibatches that hold one of its missing rows (at random, mid-run). At set-up th
 once more on the plates' last :math:`B` rows, :math:`\\{N - B, \\dots, N - 1\\}`, so an indexed argument
 shorter than its plate fails there; an ``IndexError`` of the set-up is a :class:`ModelError` naming
 the tensor arguments with fewer leading rows than a plate the model entered, the plate and both
-sizes, the model's error chained. An argument *longer* than its plate is not detected: the package
-does not see which plate indexes which argument, and a longer argument can be legitimate (rows kept
-for prediction, a table of another length).
+sizes, the model's error chained.
+
+**An argument longer than the plate that indexes it.** During that same trace the tensor operations are
+watched (a :class:`~torch.overrides.TorchFunctionMode`): an argument indexed along its first dimension
+by a plate's own index tensor (``x[idx]``, ``x[idx, j]``, ``x.index_select(0, idx)``) is indexed by that
+plate. If it has more rows than the plate's size, its last rows are never used: a ``RuntimeWarning``
+names the argument, its rows, the plate and its size (a warning, not an error: rows kept for
+prediction after the training rows are legitimate). An argument the plate does not index (a table of
+another length) is not named.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Tuple
 
@@ -36,6 +43,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
+from torch.overrides import TorchFunctionMode
 
 from .checks import parameter_names
 from .full_data import trace_at
@@ -85,7 +93,8 @@ def _widened_message(name: str, site: dict, plates: list, value_shape: tuple, ba
 # ---------------------------------------------------------------------- arguments shorter than a plate
 def probe_last_rows(model: Callable, args: tuple, kwargs: dict, traced: ModelTrace) -> None:
     """Trace ``model`` once on the last ``B`` rows of every subsampled plate it subsamples itself, so that an
-    argument it indexes with fewer than ``N`` rows fails now (named by :func:`naming_short_data`)."""
+    argument it indexes with fewer than ``N`` rows fails now (named by :func:`naming_short_data`); warn, naming
+    it, of an argument a plate indexes that has more rows than the plate (module docstring)."""
     indices = {
         plate.name: torch.arange(plate.size - plate.subsample_size, plate.size, device=traced.device)
         for plate in traced.subsample_plates
@@ -93,8 +102,45 @@ def probe_last_rows(model: Callable, args: tuple, kwargs: dict, traced: ModelTra
     }
     if not indices:
         return
-    with naming_short_data(model, args, kwargs), poutine.block(), torch.no_grad():
+    arguments = _tensor_arguments(args, kwargs, parameter_names(model))
+    watch = _PlateIndexing(arguments, indices)
+    with naming_short_data(model, args, kwargs), poutine.block(), torch.no_grad(), watch:
         trace_at(model, args, kwargs, traced.values, indices)
+    sizes = {plate.name: plate.size for plate in traced.subsample_plates}
+    for label, rows, plate in sorted(watch.indexed):
+        if rows > sizes[plate]:
+            warnings.warn(
+                f"{label} has {rows} rows but is indexed by plate {plate!r} of size {sizes[plate]}: its last "
+                f"{rows - sizes[plate]} rows are never used. If they are data, give the plate the data's length "
+                f"(e.g. pyro.plate({plate!r}, len(y), ...)); if they are kept for prediction, slice them off",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+
+class _PlateIndexing(TorchFunctionMode):
+    """Record ``(label, rows, plate)`` for every tensor argument indexed along its first dimension by a plate's
+    own index tensor (``x[idx]``, ``x[idx, ...]``, ``x.index_select(0, idx)``), found by identity."""
+
+    def __init__(self, arguments: List[Tuple[str, torch.Tensor]], indices: Dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.arguments = {id(value): (label, value) for label, value in arguments if value.dim() > 0}
+        self.plates = {id(index): name for name, index in indices.items()}
+        self.indexed: set = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.__getitem__ and len(args) == 2:
+            index = args[1][0] if isinstance(args[1], tuple) and args[1] else args[1]
+            self._record(args[0], index)
+        elif func in (torch.Tensor.index_select, torch.index_select) and len(args) == 3 and args[1] == 0:
+            self._record(args[0], args[2])
+        return func(*args, **kwargs)
+
+    def _record(self, tensor, index) -> None:
+        if id(tensor) in self.arguments and id(index) in self.plates:
+            label, value = self.arguments[id(tensor)]
+            self.indexed.add((label, int(value.shape[0]), self.plates[id(index)]))
 
 
 @contextmanager

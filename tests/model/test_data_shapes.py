@@ -10,6 +10,8 @@
   ``(B, K)``, nested plates, an observation broadcast over a batch dimension the distribution has.
 """
 
+import warnings
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -155,3 +157,50 @@ def test_an_index_error_no_argument_explains_is_left_alone():
     with pytest.raises(IndexError) as error:
         ModelPotential(model, (x, y))
     assert not isinstance(error.value, ModelError)
+
+
+# ---------------------------------------------------------------------- an argument longer than its plate
+def test_an_argument_longer_than_the_plate_that_indexes_it_is_named_in_a_warning():
+    """The plate is ``len(y)``; ``x`` has 10 rows more, which no minibatch ever reaches."""
+
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 10.0).expand([2]).to_event(1))
+        with pyro.plate("data", len(y), subsample_size=B) as idx:
+            pyro.sample("obs", dist.Normal(x[idx] @ w, NOISE), obs=y[idx])
+
+    x, y = regression_data()
+    with pytest.warns(RuntimeWarning) as record:
+        ModelPotential(model, (x, y[:-10]))
+    messages = [str(w.message) for w in record]
+    expected = f"argument 0 ('x') has {N} rows but is indexed by plate 'data' of size {N - 10}: its last 10 rows"
+    assert any(expected in m for m in messages), messages
+    assert not any("argument 1" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("indexing", ["tuple", "index_select"])
+def test_other_ways_of_indexing_by_the_plate_are_seen(indexing):
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 10.0).expand([2]).to_event(1))
+        with pyro.plate("data", len(y), subsample_size=B) as idx:
+            rows = x[idx, :] if indexing == "tuple" else x.index_select(0, idx)
+            pyro.sample("obs", dist.Normal(rows @ w, NOISE), obs=y[idx])
+
+    x, y = regression_data()
+    with pytest.warns(RuntimeWarning, match=rf"argument 0 \('x'\) has {N} rows but is indexed by plate 'data'"):
+        ModelPotential(model, (x, y[:-1]))
+
+
+def test_a_longer_argument_the_plate_does_not_index_is_not_named():
+    """A table of another length (looked up by a column of the data, not by the plate) is legitimate."""
+
+    def model(x, y, table):
+        w = pyro.sample("w", dist.Normal(0.0, 10.0).expand([2]).to_event(1))
+        with pyro.plate("data", len(y), subsample_size=B) as idx:
+            offset = table[(x[idx, 0] > 0).long()]
+            pyro.sample("obs", dist.Normal(x[idx] @ w + offset, NOISE), obs=y[idx])
+
+    x, y = regression_data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ModelPotential(model, (x, y, torch.zeros(2 * N)))
+        ModelPotential(regression, (x, y))
