@@ -28,6 +28,7 @@ from . import checks
 from .argument_types import naming_non_tensor_data
 from .checks import nonfinite_observations, nonfinite_sites, parameter_names
 from .compiled import JitMode, Vectorized, check_jit_compile, compile_potential, value_and_grad
+from .data_shapes import check_observed_batch_shapes, naming_short_data, probe_last_rows
 from .layout import Layout
 from .log_joint import LogJoint
 from .priors import FastNormalPriors, StandardPriors
@@ -118,8 +119,11 @@ class ModelPotential:
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
 
-        with naming_non_tensor_data(model, self.model_args, self.model_kwargs, _first_run(self, num_data)):
-            traced = trace_model(model, self.model_args, self.model_kwargs, init_strategy, num_data)
+        args, kwargs, first_run = self.model_args, self.model_kwargs, _first_run(self, num_data)
+        with naming_short_data(model, args, kwargs), naming_non_tensor_data(model, args, kwargs, first_run):
+            traced = trace_model(model, args, kwargs, init_strategy, num_data)
+        check_observed_batch_shapes(traced)
+        probe_last_rows(model, args, kwargs, traced)  # an argument shorter than its plate fails here, named
         self._init_fn = traced.init_fn
         self.subsample_plates: List[SubsamplePlate] = traced.subsample_plates
         self.sites: List[LatentSite] = traced.sites
