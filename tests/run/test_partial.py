@@ -117,3 +117,88 @@ def test_resuming_a_partial_run_from_its_checkpoint_completes_it(sgld_reference,
     assert mcmc.partial is None
     for name, draws in sgld_reference.get_samples(group_by_chain=True).items():
         assert torch.equal(draws, mcmc.get_samples(group_by_chain=True)[name]), name
+
+
+# Every chain_method keeps an interrupted run's draws (issue 26.9). The run is stopped by Ctrl-C
+# (KeyboardInterrupt) raised from the hook of sampling step `k - 1` (its draw is kept before the
+# hook runs), of the chain `stop_chain` for a sequential run ("Sample [c]"); the oracle is the
+# uninterrupted run of the same settings and seed, whose first draws must come back bit for bit.
+K = 17
+
+
+def _run_of(chain_method, num_chains, stop_at=None, stop_chain=0):
+    import pyro
+
+    def hook(kernel, params, stage, i):
+        chain = int(stage[stage.index("[") + 1 : -1]) if "[" in stage else 0
+        if stage.startswith("Sample") and (chain, i) == (stop_chain, stop_at - 1):
+            raise KeyboardInterrupt
+
+    seed = {} if chain_method == "parallel" else {"seed": 5}
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=num_chains,
+                chain_method=chain_method, hook_fn=None if stop_at is None else hook, disable_progbar=True, **seed)  # fmt: skip
+    if stop_at is None:
+        mcmc.run(*script.data())
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            mcmc.run(*script.data())
+    return mcmc
+
+
+@pytest.mark.parametrize("num_chains", [1, 3])
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential", "parallel"])
+def test_ctrl_c_keeps_the_draws_so_far_on_every_chain_method(chain_method, num_chains):
+    if chain_method == "parallel" and num_chains > 1:
+        pytest.skip("Pyro's worker processes: test_ctrl_c_in_parallel_chains_says_their_draws_are_lost")
+    reference = _run_of(chain_method, num_chains).get_samples(group_by_chain=True)
+    mcmc = _run_of(chain_method, num_chains, stop_at=K)
+    kept_chains = 1 if chain_method == "sequential" else num_chains  # stopped in the first chain
+    partial = mcmc.partial
+    assert (partial.num_draws, partial.num_samples, partial.phase) == (K, SAMPLES, "sampling")
+    assert "KeyboardInterrupt" in partial.error
+    assert partial.steps_done == WARMUP + K  # per chain; a sequential run counts all chains' steps
+    assert partial.num_chains_kept == (None if kept_chains == num_chains else kept_chains)
+    with pytest.warns(PartialRunWarning, match=f"{K} of {SAMPLES} draws per chain"):
+        samples = mcmc.get_samples(group_by_chain=True)
+    assert set(samples) == set(reference)
+    for name, draws in samples.items():
+        assert draws.shape[:2] == (kept_chains, K), name
+        assert torch.equal(draws, reference[name][:kept_chains, :K]), name  # the same streams: bit for bit
+
+
+def test_ctrl_c_in_a_later_sequential_chain_keeps_the_finished_chains():
+    reference = _run_of("sequential", 3).get_samples(group_by_chain=True)
+    mcmc = _run_of("sequential", 3, stop_at=K, stop_chain=2)
+    partial = mcmc.partial
+    assert (partial.num_draws, partial.num_chains_kept) == (SAMPLES, 2)
+    assert partial.steps_done == 2 * (WARMUP + SAMPLES) + WARMUP + K
+    with pytest.warns(PartialRunWarning, match="first 2 chain"):
+        samples = mcmc.get_samples(group_by_chain=True)
+    for name, draws in samples.items():
+        assert torch.equal(draws, reference[name][:2]), name  # chains 0 and 1, complete
+
+
+def test_ctrl_c_in_sequential_warmup_keeps_nothing_and_says_so():
+    import pyro
+
+    def hook(kernel, params, stage, i):
+        if stage == "Warmup [0]" and i == 3:
+            raise KeyboardInterrupt
+
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=3,
+                chain_method="sequential", seed=5, hook_fn=hook, disable_progbar=True)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        mcmc.run(*script.data())
+    with pytest.raises(RunNotFinished, match=f"stopped at step 4 of {3 * (WARMUP + SAMPLES)} in warmup"):
+        mcmc.get_samples()
+
+
+def test_ctrl_c_in_parallel_chains_says_their_draws_are_lost():
+    from pyro_sgmcmc.run.pyro_chains import SampleRecorder, stopped_parallel_run
+
+    assert SampleRecorder(None).samples(None, None) is None
+    partial = stopped_parallel_run(None, KeyboardInterrupt(), WARMUP, SAMPLES)  # what several Pyro chains leave
+    assert (partial.num_draws, partial.steps_done) == (0, 0)
+    assert "chain_method='vectorized' or 'sequential'" in partial.describe()
