@@ -134,10 +134,11 @@ def _run_of(chain_method, num_chains, stop_at=None, stop_chain=0):
         if stage.startswith("Sample") and (chain, i) == (stop_chain, stop_at - 1):
             raise KeyboardInterrupt
 
-    seed = {} if chain_method == "parallel" else {"seed": 5}
+    options = {} if chain_method == "parallel" else {"seed": 5}
+    options["hook_fn"] = None if stop_at is None else hook
     pyro.set_rng_seed(0)
     mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=num_chains,
-                chain_method=chain_method, hook_fn=None if stop_at is None else hook, disable_progbar=True, **seed)  # fmt: skip
+                chain_method=chain_method, disable_progbar=True, **options)  # fmt: skip
     if stop_at is None:
         mcmc.run(*script.data())
     else:
