@@ -125,7 +125,7 @@ disable_validation, transforms, save_params :
         Per kept draw, ``(num_chains, num_draws)`` tensors: ``lp``, ``step_size``, ``diverging``,
         ``temperature`` and the kernel's own (``kinetic_energy``, ``thermostat``).
     superchain_ids : Tensor ``(num_chains,)``
-        The superchain of each chain.
+        The superchain of each chain (of each kept chain, after a partial run that keeps fewer).
     partial : PartialRun or None
         ``None`` after a complete run; after a run stopped by an exception (``KeyboardInterrupt``
         included), where it stopped. The draws kept until then are readable and every reader warns
@@ -240,6 +240,7 @@ disable_validation, transforms, save_params :
         resume it.
         """
         self.draws, self.sample_stats, self.partial = None, {}, None
+        self.superchain_ids = torch.arange(self.num_chains) // (self.num_chains // self.num_superchains)
         if self.chain_method == "parallel":
             self._run_pyro(args, kwargs)
             return

@@ -151,7 +151,7 @@ def _run_of(chain_method, num_chains, stop_at=None, stop_chain=0):
 @pytest.mark.parametrize("chain_method", ["vectorized", "sequential", "parallel"])
 def test_ctrl_c_keeps_the_draws_so_far_on_every_chain_method(chain_method, num_chains):
     if chain_method == "parallel" and num_chains > 1:
-        pytest.skip("Pyro's worker processes: test_ctrl_c_in_parallel_chains_says_their_draws_are_lost")
+        pytest.skip("Pyro's worker processes: test_an_error_in_parallel_chains_says_their_draws_are_lost")
     reference = _run_of(chain_method, num_chains).get_samples(group_by_chain=True)
     mcmc = _run_of(chain_method, num_chains, stop_at=K)
     kept_chains = 1 if chain_method == "sequential" else num_chains  # stopped in the first chain
@@ -166,6 +166,9 @@ def test_ctrl_c_keeps_the_draws_so_far_on_every_chain_method(chain_method, num_c
     for name, draws in samples.items():
         assert draws.shape[:2] == (kept_chains, K), name
         assert torch.equal(draws, reference[name][:kept_chains, :K]), name  # the same streams: bit for bit
+    with pytest.warns(PartialRunWarning):  # the other readers read the same draws
+        assert mcmc.diagnostics()["w"]["n_eff"].shape == (3,)
+        assert to_inference_data(mcmc).posterior.sizes["draw"] == K
 
 
 def test_ctrl_c_in_a_later_sequential_chain_keeps_the_finished_chains():
@@ -178,6 +181,11 @@ def test_ctrl_c_in_a_later_sequential_chain_keeps_the_finished_chains():
         samples = mcmc.get_samples(group_by_chain=True)
     for name, draws in samples.items():
         assert torch.equal(draws, reference[name][:2]), name  # chains 0 and 1, complete
+    with pytest.warns(PartialRunWarning):
+        assert to_inference_data(mcmc).posterior.sizes["chain"] == 2
+    mcmc.hook_fn = None
+    mcmc.run(*script.data())  # the same object, run again: complete, all its chains
+    assert mcmc.partial is None and mcmc.superchain_ids.shape == (3,)
 
 
 def test_ctrl_c_in_sequential_warmup_keeps_nothing_and_says_so():
@@ -196,10 +204,21 @@ def test_ctrl_c_in_sequential_warmup_keeps_nothing_and_says_so():
         mcmc.get_samples()
 
 
-def test_ctrl_c_in_parallel_chains_says_their_draws_are_lost():
-    from pyro_sgmcmc.run.pyro_chains import SampleRecorder, stopped_parallel_run
+def test_an_error_in_parallel_chains_says_their_draws_are_lost():
+    # Pyro's worker processes (forked: the hook is a local function) report an Exception to the
+    # parent, which re-raises it; a KeyboardInterrupt ends a worker silently (Ctrl-C interrupts the
+    # parent too), so the stop here is a RuntimeError.
+    import pyro
 
-    assert SampleRecorder(None).samples(None, None) is None
-    partial = stopped_parallel_run(None, KeyboardInterrupt(), WARMUP, SAMPLES)  # what several Pyro chains leave
-    assert (partial.num_draws, partial.steps_done) == (0, 0)
-    assert "chain_method='vectorized' or 'sequential'" in partial.describe()
+    def hook(kernel, params, stage, i):
+        if stage.startswith("Sample") and i == K - 1:
+            raise RuntimeError("stopped by the test")
+
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=2,
+                hook_fn=hook, mp_context="fork", disable_progbar=True)  # fmt: skip
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        mcmc.run(*script.data())
+    assert mcmc.partial.num_draws == 0 and "RuntimeError" in mcmc.partial.error
+    with pytest.raises(RunNotFinished, match="draws are lost .*chain_method='vectorized' or 'sequential'"):
+        mcmc.get_samples()
