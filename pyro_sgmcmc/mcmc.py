@@ -121,6 +121,8 @@ disable_validation, transforms, save_params :
         ``None`` before a run, or after one stopped before its first kept draw.
     pyro_mcmc : pyro.infer.MCMC or None
         With ``chain_method="parallel"``, the :class:`pyro.infer.MCMC` that runs the chains.
+    recorder : SampleRecorder or None
+        With ``chain_method="parallel"`` and one chain, the hook that keeps the draws of an interrupted run.
     sample_stats : dict
         Per kept draw, ``(num_chains, num_draws)`` tensors: ``lp``, ``step_size``, ``diverging``,
         ``temperature`` and the kernel's own (``kinetic_energy``, ``thermostat``).

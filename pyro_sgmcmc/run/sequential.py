@@ -43,13 +43,17 @@ class SequentialRun:
 
     def run(self, args: tuple, kwargs: dict) -> RunResult:
         """Run every chain; :attr:`result` holds their draws (or, if one raised, where the run stopped)."""
-        potential = model_potential(self.kernel, args, kwargs)
-        if self.seed is None:  # drawn where a vectorised run draws it: after the trace, before the starting points
-            self.seed = int(torch.randint(0, 2**62, ()))
         chains = self.chains
-        starts = starting_points(
-            self.kernel, chains.initial_params, chains.num_chains, chains.num_superchains, chains.seed
-        )
+        try:
+            potential = model_potential(self.kernel, args, kwargs)
+            if self.seed is None:  # drawn where a vectorised run draws it: after the trace, before the starting points
+                self.seed = int(torch.randint(0, 2**62, ()))
+            starts = starting_points(
+                self.kernel, chains.initial_params, chains.num_chains, chains.num_superchains, chains.seed
+            )
+        except BaseException as error:  # stopped in set-up: no draws, and where it stopped
+            self.result = RunResult(None, {}, [None] * chains.num_chains, None, self._in_set_up(error))
+            raise
         ids = range(chains.num_chains) if chains.chain_ids is None else chains.chain_ids
         results: List[RunResult] = []
         for chain, chain_id in enumerate(ids):
@@ -82,6 +86,18 @@ class SequentialRun:
             return RunResult(None, {}, [None] * chains.num_chains, None, partial)
         superchains = torch.arange(chains.num_chains) // (chains.num_chains // chains.num_superchains)
         return RunResult(kept.samples, kept.sample_stats, kept.diagnostics, superchains[:num_kept], partial)
+
+    def _in_set_up(self, error: BaseException) -> PartialRun:
+        length = self.make_run(self.chains, None).length
+        return PartialRun(
+            steps_done=0,
+            total_steps=self.chains.num_chains * length.total_steps,
+            num_draws=0,
+            num_samples=length.num_kept,
+            error=f"{type(error).__name__}: {error}".rstrip(": "),
+            checkpoint_path=None,
+            phase="set-up",
+        )
 
     def _hook(self, chain_id: int) -> Optional[Callable]:
         hook_fn = self.hook_fn

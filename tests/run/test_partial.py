@@ -204,6 +204,16 @@ def test_ctrl_c_in_sequential_warmup_keeps_nothing_and_says_so():
         mcmc.get_samples()
 
 
+def test_a_sequential_run_failed_in_set_up_says_so():
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=3,
+                chain_method="sequential", seed=5, disable_progbar=True)  # fmt: skip
+    with pytest.raises(Exception):
+        mcmc.run("not data", None)  # the model fails while traced at set-up
+    assert (mcmc.partial.steps_done, mcmc.partial.phase) == (0, "set-up")
+    with pytest.raises(RunNotFinished, match=f"stopped at step 0 of {3 * (WARMUP + SAMPLES)} in set-up"):
+        mcmc.get_samples()
+
+
 def test_an_error_in_parallel_chains_says_their_draws_are_lost():
     # Pyro's worker processes (forked: the hook is a local function) report an Exception to the
     # parent, which re-raises it; a KeyboardInterrupt ends a worker silently (Ctrl-C interrupts the
