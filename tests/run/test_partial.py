@@ -156,16 +156,16 @@ def test_ctrl_c_keeps_the_draws_so_far_on_every_chain_method(chain_method, num_c
     mcmc = _run_of(chain_method, num_chains, stop_at=K)
     kept_chains = 1 if chain_method == "sequential" else num_chains  # stopped in the first chain
     partial = mcmc.partial
-    assert (partial.num_draws, partial.num_samples, partial.phase) == (K, SAMPLES, "sampling")
+    assert (partial.num_draws, partial.num_samples, partial.steps_done) == (K, SAMPLES, WARMUP + K)
     assert "KeyboardInterrupt" in partial.error
-    assert partial.steps_done == WARMUP + K  # per chain; a sequential run counts all chains' steps
-    assert partial.num_chains_kept == (None if kept_chains == num_chains else kept_chains)
     with pytest.warns(PartialRunWarning, match=f"{K} of {SAMPLES} draws per chain"):
         samples = mcmc.get_samples(group_by_chain=True)
     assert set(samples) == set(reference)
     for name, draws in samples.items():
         assert draws.shape[:2] == (kept_chains, K), name
         assert torch.equal(draws, reference[name][:kept_chains, :K]), name  # the same streams: bit for bit
+    assert partial.phase == "sampling"  # where it stopped, and how many chains the draws hold
+    assert partial.num_chains_kept == (None if kept_chains == num_chains else kept_chains)
     with pytest.warns(PartialRunWarning):  # the other readers read the same draws
         assert mcmc.diagnostics()["w"]["n_eff"].shape == (3,)
         assert to_inference_data(mcmc).posterior.sizes["draw"] == K
