@@ -47,6 +47,7 @@ from .run.checks import (
     check_positive_int,
 )
 from .run.partial import PartialRun, PartialRunWarning, RunNotFinished
+from .run.pyro_chains import SampleRecorder, stopped_parallel_run
 from .run.readers import Draws
 from .run.sequential import SequentialRun
 
@@ -120,11 +121,13 @@ disable_validation, transforms, save_params :
         ``None`` before a run, or after one stopped before its first kept draw.
     pyro_mcmc : pyro.infer.MCMC or None
         With ``chain_method="parallel"``, the :class:`pyro.infer.MCMC` that runs the chains.
+    recorder : SampleRecorder or None
+        With ``chain_method="parallel"`` and one chain, the hook that keeps the draws of an interrupted run.
     sample_stats : dict
         Per kept draw, ``(num_chains, num_draws)`` tensors: ``lp``, ``step_size``, ``diverging``,
         ``temperature`` and the kernel's own (``kinetic_energy``, ``thermostat``).
     superchain_ids : Tensor ``(num_chains,)``
-        The superchain of each chain.
+        The superchain of each chain (of each kept chain, after a partial run that keeps fewer).
     partial : PartialRun or None
         ``None`` after a complete run; after a run stopped by an exception (``KeyboardInterrupt``
         included), where it stopped. The draws kept until then are readable and every reader warns
@@ -191,6 +194,7 @@ disable_validation, transforms, save_params :
         self.partial: Optional[PartialRun] = None
         self.draws: Optional[Draws] = None
         self.pyro_mcmc: Optional[pyro.infer.MCMC] = None
+        self.recorder: Optional[SampleRecorder] = None
         self.superchain_ids = torch.arange(num_chains) // (num_chains // self.num_superchains)
         self.checkpoint: Optional[CheckpointSettings] = checkpoint
         self.chain_ids = check_chain_ids(chain_ids, num_chains)
@@ -212,8 +216,9 @@ disable_validation, transforms, save_params :
                     f"{_OWN_OPTIONS} need chain_method='vectorized' or 'sequential' "
                     "(Pyro's parallel chains do not support them)"
                 )
+            self.recorder = SampleRecorder(hook_fn) if num_chains == 1 else None  # see run.pyro_chains
             self.pyro_mcmc = pyro.infer.MCMC(
-                kernel, num_samples, warmup_steps, initial_params, num_chains, hook_fn, mp_context,
+                kernel, num_samples, warmup_steps, initial_params, num_chains, self.recorder or hook_fn, mp_context,
                 disable_progbar, disable_validation, transforms, save_params,
             )  # fmt: skip
             return
@@ -229,13 +234,15 @@ disable_validation, transforms, save_params :
     def run(self, *args, **kwargs) -> None:
         """Run the chains on ``model(*args, **kwargs)``; keep the draws in :attr:`draws` (as :class:`pyro.infer.MCMC`).
 
-        If a ``"vectorized"`` or ``"sequential"`` run stops early (``KeyboardInterrupt`` or any
-        exception, re-raised), the draws kept so far stay readable: :meth:`get_samples`,
+        If a run stops early (``KeyboardInterrupt`` or any exception, re-raised), the draws kept so
+        far stay readable (``"sequential"``: see :mod:`pyro_sgmcmc.run.sequential`; ``"parallel"``:
+        with one chain only, see :mod:`pyro_sgmcmc.run.pyro_chains`): :meth:`get_samples`,
         :meth:`summary`, :meth:`diagnostics` and :func:`~pyro_sgmcmc.to_inference_data` give them
         with a :class:`PartialRunWarning`, and :attr:`partial` says where the run stopped and how to
         resume it.
         """
         self.draws, self.sample_stats, self.partial = None, {}, None
+        self.superchain_ids = torch.arange(self.num_chains) // (self.num_chains // self.num_superchains)
         if self.chain_method == "parallel":
             self._run_pyro(args, kwargs)
             return
@@ -248,8 +255,20 @@ disable_validation, transforms, save_params :
 
     def _run_pyro(self, args: tuple, kwargs: dict) -> None:
         """``chain_method="parallel"``: Pyro's run, read back through its public ``get_samples``."""
-        sampler = self.pyro_mcmc
-        sampler.run(*args, **kwargs)
+        sampler, recorder = self.pyro_mcmc, self.recorder
+        if recorder is not None:
+            recorder.start()
+        try:
+            sampler.run(*args, **kwargs)
+        except BaseException as error:
+            self.partial = stopped_parallel_run(recorder, error, self.warmup_steps, self.num_samples)
+            samples = None if recorder is None else recorder.samples(self.kernel, self.transforms)
+            if samples is not None:
+                self.draws = Draws(samples, [self.kernel.diagnostics()], args, kwargs)
+            raise
+        finally:
+            if recorder is not None:
+                recorder.start()  # the copies are no longer needed
         samples = sampler.get_samples(group_by_chain=True)
         self.draws = Draws(samples, pyro_chain_diagnostics(sampler), args, kwargs)
         self.transforms = sampler.transforms

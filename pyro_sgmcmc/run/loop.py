@@ -91,7 +91,7 @@ class ChainRun:
         self.kernel, self.length, self.chains = kernel, length, chains
         self.hook_fn, self.checkpoint, self.disable_progbar = hook_fn, checkpoint, disable_progbar
         self.save_params, self.transforms = save_params, transforms  # the sites kept, and back to their support
-        self.steps_done = 0
+        self.steps_done, self.phase = 0, "set-up"  # where the run is: steps completed, and the stage of the next
         self.result = RunResult(None, {}, [None] * chains.num_chains, None, None)
 
     def run(self, args: tuple, kwargs: dict) -> RunResult:
@@ -134,9 +134,10 @@ class ChainRun:
         progress = _progress(total, self.disable_progbar)
         refresh = max(1, total // 200)  # cheap progress bar: about 200 updates per run
         for t in range(start, total):
+            sampling = t >= warmup
+            self.phase = "sampling" if sampling else "warmup"
             state = kernel.step()
             self.steps_done = t + 1
-            sampling = t >= warmup
             if length.keeps(t):
                 store.append(state.position, kernel.last_stats)
             if self.hook_fn is not None:
@@ -191,6 +192,7 @@ class ChainRun:
             num_samples=self.length.num_kept,
             error=f"{type(error).__name__}: {error}".rstrip(": "),
             checkpoint_path=None if self.checkpoint is None else str(self.checkpoint.path),
+            phase=self.phase,
         )
         # a refused checkpoint may have filled the store with draws it then rejected: they are not kept
         kept = store is not None and store.count and self.kernel.potential is not None

@@ -28,6 +28,12 @@ class PartialRun(NamedTuple):
         The exception that stopped the run (type and message).
     checkpoint_path : str or None
         The run's checkpoint, from which :meth:`pyro_sgmcmc.MCMC.run` with the same settings resumes.
+    phase : str
+        What the run was doing: ``"set-up"``, ``"warmup"`` or ``"sampling"``.
+    num_chains_kept : int or None
+        How many chains the draws hold when fewer than the run's (``None``: all of them). A
+        ``"sequential"`` run stopped in chain ``c > 0`` keeps its ``c`` finished chains; one
+        stopped in its first chain keeps that chain's draws so far.
     """
 
     steps_done: int
@@ -36,6 +42,8 @@ class PartialRun(NamedTuple):
     num_samples: int
     error: str
     checkpoint_path: Optional[str]
+    phase: str = "sampling"
+    num_chains_kept: Optional[int] = None
 
     def describe(self) -> str:
         """One sentence: where the run stopped, what is kept, how to continue."""
@@ -46,7 +54,8 @@ class PartialRun(NamedTuple):
             )
         else:
             resume = "run it again (pass checkpoint= to be able to resume an interrupted run)"
+        chains = "" if self.num_chains_kept is None else f" of its first {self.num_chains_kept} chain(s) only"
         return (
-            f"the run stopped at step {self.steps_done} of {self.total_steps} ({self.error}) with "
-            f"{self.num_draws} of {self.num_samples} draws per chain; {resume}"
+            f"the run stopped at step {self.steps_done} of {self.total_steps} in {self.phase} ({self.error}) with "
+            f"{self.num_draws} of {self.num_samples} draws per chain{chains}; {resume}"
         )

@@ -117,3 +117,118 @@ def test_resuming_a_partial_run_from_its_checkpoint_completes_it(sgld_reference,
     assert mcmc.partial is None
     for name, draws in sgld_reference.get_samples(group_by_chain=True).items():
         assert torch.equal(draws, mcmc.get_samples(group_by_chain=True)[name]), name
+
+
+# Every chain_method keeps an interrupted run's draws (issue 26.9). The run is stopped by Ctrl-C
+# (KeyboardInterrupt) raised from the hook of sampling step `k - 1` (its draw is kept before the
+# hook runs), of the chain `stop_chain` for a sequential run ("Sample [c]"); the oracle is the
+# uninterrupted run of the same settings and seed, whose first draws must come back bit for bit.
+K = 17
+
+
+def _run_of(chain_method, num_chains, stop_at=None, stop_chain=0):
+    import pyro
+
+    def hook(kernel, params, stage, i):
+        chain = int(stage[stage.index("[") + 1 : -1]) if "[" in stage else 0
+        if stage.startswith("Sample") and (chain, i) == (stop_chain, stop_at - 1):
+            raise KeyboardInterrupt
+
+    options = {} if chain_method == "parallel" else {"seed": 5}
+    options["hook_fn"] = None if stop_at is None else hook
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=num_chains,
+                chain_method=chain_method, disable_progbar=True, **options)  # fmt: skip
+    if stop_at is None:
+        mcmc.run(*script.data())
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            mcmc.run(*script.data())
+    return mcmc
+
+
+@pytest.mark.parametrize("num_chains", [1, 3])
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential", "parallel"])
+def test_ctrl_c_keeps_the_draws_so_far_on_every_chain_method(chain_method, num_chains):
+    if chain_method == "parallel" and num_chains > 1:
+        pytest.skip("Pyro's worker processes: test_an_error_in_parallel_chains_says_their_draws_are_lost")
+    reference = _run_of(chain_method, num_chains).get_samples(group_by_chain=True)
+    mcmc = _run_of(chain_method, num_chains, stop_at=K)
+    kept_chains = 1 if chain_method == "sequential" else num_chains  # stopped in the first chain
+    partial = mcmc.partial
+    assert (partial.num_draws, partial.num_samples, partial.steps_done) == (K, SAMPLES, WARMUP + K)
+    assert "KeyboardInterrupt" in partial.error
+    with pytest.warns(PartialRunWarning, match=f"{K} of {SAMPLES} draws per chain"):
+        samples = mcmc.get_samples(group_by_chain=True)
+    assert set(samples) == set(reference)
+    for name, draws in samples.items():
+        assert draws.shape[:2] == (kept_chains, K), name
+        assert torch.equal(draws, reference[name][:kept_chains, :K]), name  # the same streams: bit for bit
+    assert partial.phase == "sampling"  # where it stopped, and how many chains the draws hold
+    assert partial.num_chains_kept == (None if kept_chains == num_chains else kept_chains)
+    with pytest.warns(PartialRunWarning):  # the other readers read the same draws
+        assert mcmc.diagnostics()["w"]["n_eff"].shape == (3,)
+        assert to_inference_data(mcmc).posterior.sizes["draw"] == K
+
+
+def test_ctrl_c_in_a_later_sequential_chain_keeps_the_finished_chains():
+    reference = _run_of("sequential", 3).get_samples(group_by_chain=True)
+    mcmc = _run_of("sequential", 3, stop_at=K, stop_chain=2)
+    partial = mcmc.partial
+    assert (partial.num_draws, partial.num_chains_kept) == (SAMPLES, 2)
+    assert partial.steps_done == 2 * (WARMUP + SAMPLES) + WARMUP + K
+    with pytest.warns(PartialRunWarning, match="first 2 chain"):
+        samples = mcmc.get_samples(group_by_chain=True)
+    for name, draws in samples.items():
+        assert torch.equal(draws, reference[name][:2]), name  # chains 0 and 1, complete
+    with pytest.warns(PartialRunWarning):
+        assert to_inference_data(mcmc).posterior.sizes["chain"] == 2
+    mcmc.hook_fn = None
+    mcmc.run(*script.data())  # the same object, run again: complete, all its chains
+    assert mcmc.partial is None and mcmc.superchain_ids.shape == (3,)
+
+
+def test_ctrl_c_in_sequential_warmup_keeps_nothing_and_says_so():
+    import pyro
+
+    def hook(kernel, params, stage, i):
+        if stage == "Warmup [0]" and i == 3:
+            raise KeyboardInterrupt
+
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=3,
+                chain_method="sequential", seed=5, hook_fn=hook, disable_progbar=True)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        mcmc.run(*script.data())
+    with pytest.raises(RunNotFinished, match=f"stopped at step 4 of {3 * (WARMUP + SAMPLES)} in warmup"):
+        mcmc.get_samples()
+
+
+def test_a_sequential_run_failed_in_set_up_says_so():
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=3,
+                chain_method="sequential", seed=5, disable_progbar=True)  # fmt: skip
+    with pytest.raises(Exception):
+        mcmc.run("not data", None)  # the model fails while traced at set-up
+    assert (mcmc.partial.steps_done, mcmc.partial.phase) == (0, "set-up")
+    with pytest.raises(RunNotFinished, match=f"stopped at step 0 of {3 * (WARMUP + SAMPLES)} in set-up"):
+        mcmc.get_samples()
+
+
+def test_an_error_in_parallel_chains_says_their_draws_are_lost():
+    # Pyro's worker processes (forked: the hook is a local function) report an Exception to the
+    # parent, which re-raises it; a KeyboardInterrupt ends a worker silently (Ctrl-C interrupts the
+    # parent too), so the stop here is a RuntimeError.
+    import pyro
+
+    def hook(kernel, params, stage, i):
+        if stage.startswith("Sample") and i == K - 1:
+            raise RuntimeError("stopped by the test")
+
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=2,
+                hook_fn=hook, mp_context="fork", disable_progbar=True)  # fmt: skip
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        mcmc.run(*script.data())
+    assert mcmc.partial.num_draws == 0 and "RuntimeError" in mcmc.partial.error
+    with pytest.raises(RunNotFinished, match="draws are lost .*chain_method='vectorized' or 'sequential'"):
+        mcmc.get_samples()
