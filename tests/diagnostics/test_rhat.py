@@ -115,10 +115,59 @@ def test_nested_rhat_reads_a_pyro_mcmc_run():
         warnings.simplefilter("ignore")  # chains drawn sequentially on this machine
         run.run()
     draws = run.get_samples(group_by_chain=True)["x"]
-    assert nested_rhat(run)["x"] == pytest.approx(float(nested_rhat(draws)))
-    assert nested_rhat(run, superchain_ids=[0, 0, 1, 1])["x"] == pytest.approx(
+    assert float(nested_rhat(run)["x"]) == pytest.approx(float(nested_rhat(draws)))
+    assert float(nested_rhat(run, superchain_ids=[0, 0, 1, 1])["x"]) == pytest.approx(
         float(nested_rhat(draws, superchain_ids=[0, 0, 1, 1]))
     )
+
+
+def test_named_input_gives_one_dataset_whatever_its_form():
+    """A dict, our MCMC, Pyro's MCMC and InferenceData of the same draws give the same xarray.Dataset
+    (as ``arviz.rhat`` returns one for named input): parameter dims named ``<site>_dim_<i>`` as ArviZ
+    names them by default, and the values of the bare array (an ndarray, as ``arviz.rhat`` of an array)."""
+    import warnings
+
+    import pyro
+    import pyro.distributions as dist
+    import xarray as xr
+    from pyro.infer import MCMC as PyroMCMC
+
+    from pyro_sgmcmc import MCMC, SGHMC, to_inference_data
+
+    def model():
+        pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+        pyro.sample("s", dist.Normal(0.0, 1.0))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # short warmup (slow mixing), Pyro's chains drawn sequentially: not tested here
+        ours = MCMC(SGHMC(model), num_samples=10, warmup_steps=20, num_chains=8, num_superchains=4,
+                    chain_method="vectorized", seed=0, disable_progbar=True)  # fmt: skip
+        ours.run()
+        pyro.set_rng_seed(0)
+        theirs = PyroMCMC(SGHMC(model), num_samples=10, warmup_steps=20, num_chains=4, mp_context=None,
+                          disable_progbar=True)  # fmt: skip
+        theirs.run()
+    ids = ours.superchain_ids.tolist()
+    for run, superchains in ((ours, None), (theirs, [0, 0, 1, 1])):
+        draws = {name: value.numpy() for name, value in run.get_samples(group_by_chain=True).items()}
+        results = [
+            nested_rhat(draws, superchains if superchains is not None else ids),
+            nested_rhat(run, superchains),
+            nested_rhat(to_inference_data(run) if run is ours else _idata(draws, superchains)),
+        ]
+        for result in results:
+            assert isinstance(result, xr.Dataset)
+            assert result["w"].dims == ("w_dim_0",) and result["s"].dims == ()
+            assert result.equals(results[0]), (result, results[0])
+        bare = nested_rhat(draws["w"], superchains if superchains is not None else ids)
+        assert isinstance(bare, np.ndarray) and np.array_equal(results[0]["w"].values, bare)
+
+
+def _idata(draws, superchain_ids):
+    az = pytest.importorskip("arviz")
+    idata = az.from_dict(posterior=draws)
+    idata.posterior = idata.posterior.assign_coords(superchain=("chain", superchain_ids))
+    return idata
 
 
 def test_nested_rhat_names_what_it_accepts():
