@@ -77,6 +77,12 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
     well above it (e.g. 1.2) mean the superchains have not forgotten their starting points: more
     warmup, or a bigger step size, is needed.
 
+    ArviZ's R-hat (``arviz.rhat``, ``arviz.summary``) compares chains, not superchains: at
+    stationarity it is about :math:`1 + (\\tau_{\\mathrm{int}} - 1) / N` for ``N`` draws per chain
+    with integrated autocorrelation time :math:`\\tau_{\\mathrm{int}}`, however many chains there
+    are, so short chains stay above its 1.01 rule after they have mixed. "Which R-hat to believe"
+    in the concepts page derives both and measures them on one run.
+
     Examples
     --------
     >>> import numpy as np
