@@ -56,8 +56,13 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
 
     Returns
     -------
-    ndarray of shape ``parameter_shape`` for an array; a dict ``{name: ndarray}`` for a dict or an
-    MCMC run; an ``xarray.Dataset`` for InferenceData or Dataset input.
+    xarray.Dataset or ndarray
+        As ``arviz.rhat`` does: for named input (a dict, an MCMC run, InferenceData or a Dataset),
+        an ``xarray.Dataset`` with one variable per parameter, whose dims are the parameter dims
+        (those of the Dataset, or ArviZ's defaults ``<name>_dim_0``, ``<name>_dim_1``, ... with
+        integer coordinates for a dict or an MCMC run); for a bare array, an ndarray of shape
+        ``parameter_shape``. ``result["x"]`` is then an ``xarray.DataArray``: ``float(...)`` of a
+        scalar parameter's, ``.values`` for an array.
 
     Notes
     -----
@@ -72,6 +77,12 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
     well above it (e.g. 1.2) mean the superchains have not forgotten their starting points: more
     warmup, or a bigger step size, is needed.
 
+    ArviZ's R-hat (``arviz.rhat``, ``arviz.summary``) compares chains, not superchains: at
+    stationarity it is about :math:`1 + (\\tau_{\\mathrm{int}} - 1) / N` for ``N`` draws per chain
+    with integrated autocorrelation time :math:`\\tau_{\\mathrm{int}}`, however many chains there
+    are, so short chains stay above its 1.01 rule after they have mixed. "Which R-hat to believe"
+    in the concepts page derives both and measures them on one run.
+
     Examples
     --------
     >>> import numpy as np
@@ -83,6 +94,9 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
     >>> stuck = mixed + np.repeat([0.0, 3.0], 32)[:, None]  # half of the superchains in another mode
     >>> round(float(nested_rhat(stuck, superchains)), 3)
     2.449
+    >>> named = nested_rhat({"x": stuck}, superchains)    # named input: a Dataset, as from arviz.rhat
+    >>> type(named).__name__, named["x"].dims, round(float(named["x"]), 3)
+    ('Dataset', (), 2.449)
     """
     import pyro.infer  # local: pyro.infer is heavier than this module
 
@@ -92,7 +106,7 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
         ids = getattr(data, "superchain_ids", None) if superchain_ids is None else superchain_ids
         samples = data.get_samples(group_by_chain=True)
         names = var_names or list(samples)
-        return {name: _nested_rhat_array(samples[name], ids) for name in names}
+        return _named_dataset({name: _nested_rhat_array(samples[name], ids) for name in names})
     readable = isinstance(data, dict) or hasattr(data, "posterior") or hasattr(data, "data_vars")
     if not (readable or _array_like(data)):
         raise TypeError(
@@ -101,7 +115,7 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
         )
     if isinstance(data, dict):
         names = var_names or list(data)
-        return {name: _nested_rhat_array(data[name], superchain_ids) for name in names}
+        return _named_dataset({name: _nested_rhat_array(data[name], superchain_ids) for name in names})
     if hasattr(data, "posterior") and hasattr(data, "groups"):  # arviz.InferenceData
         data = data.posterior
     if hasattr(data, "data_vars"):  # xarray.Dataset
@@ -119,6 +133,19 @@ def nested_rhat(data, superchain_ids: Optional[Union[Sequence[int], np.ndarray, 
             )
         return xr.Dataset(out)
     return _nested_rhat_array(data, superchain_ids)
+
+
+def _named_dataset(values: dict):
+    """An ``xarray.Dataset`` of per-parameter values, with ArviZ's default dims ``<name>_dim_<i>``
+    (and integer coordinates), as ``arviz.from_dict`` names a variable's parameter axes."""
+    import xarray as xr
+
+    variables = {}
+    for name, value in values.items():
+        dims = [f"{name}_dim_{i}" for i in range(value.ndim)]
+        coords = {dim: np.arange(size) for dim, size in zip(dims, value.shape)}
+        variables[name] = xr.DataArray(value, dims=dims, coords=coords)
+    return xr.Dataset(variables)
 
 
 def nested_rhat_threshold(chains_per_superchain: int, num_draws: int = 1, tau: float = 1e-4) -> float:

@@ -115,12 +115,104 @@ def test_nested_rhat_reads_a_pyro_mcmc_run():
         warnings.simplefilter("ignore")  # chains drawn sequentially on this machine
         run.run()
     draws = run.get_samples(group_by_chain=True)["x"]
-    assert nested_rhat(run)["x"] == pytest.approx(float(nested_rhat(draws)))
-    assert nested_rhat(run, superchain_ids=[0, 0, 1, 1])["x"] == pytest.approx(
+    assert float(nested_rhat(run)["x"]) == pytest.approx(float(nested_rhat(draws)))
+    assert float(nested_rhat(run, superchain_ids=[0, 0, 1, 1])["x"]) == pytest.approx(
         float(nested_rhat(draws, superchain_ids=[0, 0, 1, 1]))
     )
+
+
+def test_named_input_gives_one_dataset_whatever_its_form():
+    """A dict, our MCMC, Pyro's MCMC and InferenceData of the same draws give the same xarray.Dataset
+    (as ``arviz.rhat`` returns one for named input): parameter dims named ``<site>_dim_<i>`` as ArviZ
+    names them by default, and the values of the bare array (an ndarray, as ``arviz.rhat`` of an array)."""
+    import warnings
+
+    import pyro
+    import pyro.distributions as dist
+    import xarray as xr
+    from pyro.infer import MCMC as PyroMCMC
+
+    from pyro_sgmcmc import MCMC, SGHMC, to_inference_data
+
+    def model():
+        pyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+        pyro.sample("s", dist.Normal(0.0, 1.0))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # short warmup (slow mixing), Pyro's chains drawn sequentially: not tested here
+        ours = MCMC(SGHMC(model), num_samples=10, warmup_steps=20, num_chains=8, num_superchains=4,
+                    chain_method="vectorized", seed=0, disable_progbar=True)  # fmt: skip
+        ours.run()
+        pyro.set_rng_seed(0)
+        theirs = PyroMCMC(SGHMC(model), num_samples=10, warmup_steps=20, num_chains=4, mp_context=None,
+                          disable_progbar=True)  # fmt: skip
+        theirs.run()
+    ids = ours.superchain_ids.tolist()
+    for run, superchains in ((ours, None), (theirs, [0, 0, 1, 1])):
+        draws = {name: value.numpy() for name, value in run.get_samples(group_by_chain=True).items()}
+        results = [
+            nested_rhat(draws, superchains if superchains is not None else ids),
+            nested_rhat(run, superchains),
+            nested_rhat(to_inference_data(run) if run is ours else _idata(draws, superchains)),
+        ]
+        for result in results:
+            assert isinstance(result, xr.Dataset)
+            assert result["w"].dims == ("w_dim_0",) and result["s"].dims == ()
+            assert result.equals(results[0]), (result, results[0])
+        bare = nested_rhat(draws["w"], superchains if superchains is not None else ids)
+        assert isinstance(bare, np.ndarray) and np.array_equal(results[0]["w"].values, bare)
+
+
+def _idata(draws, superchain_ids):
+    az = pytest.importorskip("arviz")
+    idata = az.from_dict(posterior=draws)
+    idata.posterior = idata.posterior.assign_coords(superchain=("chain", superchain_ids))
+    return idata
 
 
 def test_nested_rhat_names_what_it_accepts():
     with pytest.raises(TypeError, match="nested_rhat: data must be an array of draws .* got object"):
         nested_rhat(object())
+
+
+def _ar1_chains(num_chains: int, num_draws: int, rho: float, seed: int) -> np.ndarray:
+    """Stationary AR(1) chains with unit variance: the integrated autocorrelation time is (1 + rho) / (1 - rho)."""
+    rng = np.random.default_rng(seed)
+    draws = np.empty((num_chains, num_draws))
+    draws[:, 0] = rng.normal(size=num_chains)
+    for n in range(1, num_draws):
+        draws[:, n] = rho * draws[:, n - 1] + np.sqrt(1 - rho**2) * rng.normal(size=num_chains)
+    return draws
+
+
+def _mean_variance_ratio(rho: float, n: int) -> float:
+    """c_n = Var(mean of n draws) / sigma^2 of an AR(1) chain: (1 + 2 sum_{k<n} (1 - k/n) rho^k) / n."""
+    lags = np.arange(1, n)
+    return (1 + 2 * np.sum((1 - lags / n) * rho**lags)) / n
+
+
+def test_mixed_short_chains_fail_arvizs_rule_and_meet_nested_threshold():
+    """The maths of "Which R-hat to believe" (docs/concepts.rst), on stationary (mixed) AR(1) chains with
+    tau = 7 and N = 100 draws, 4096 chains in K = 512 superchains of M = 8.
+
+    Split R-hat (halves of n = 50): R^2 = (n - 1) / (n (1 - c_n)) = 1.127, R = 1.0616 > 1.01. Its noise: the
+    variance of 8192 half means has 8191 degrees of freedom, relative sd sqrt(2 / 8191) = 0.016 on
+    B/W ~ 0.13, so sd(R) ~ 0.5 * 0.13 * 0.016 = 0.001; tolerance 0.004.
+    Nested R-hat: R^2 = 1 + c_N / (M (c_N + N (1 - c_N) / (N - 1))) = 1.0084, R = 1.0042 < 1.01 =
+    nested_rhat_threshold(8, 100). B has 511 degrees of freedom: relative sd 0.063 on B/W = 0.0084, so
+    sd(R) ~ 0.5 * 0.0084 * 0.063 = 0.00026; tolerance 0.0011.
+    """
+    az = pytest.importorskip("arviz")
+    rho, num_draws, per_superchain = 0.75, 100, 8
+    draws = _ar1_chains(4096, num_draws, rho, seed=5)
+    half = num_draws // 2
+    c_half, c_all = _mean_variance_ratio(rho, half), _mean_variance_ratio(rho, num_draws)
+    classic_expected = np.sqrt((half - 1) / (half * (1 - c_half)))
+    within = c_all + num_draws * (1 - c_all) / (num_draws - 1)
+    nested_expected = np.sqrt(1 + c_all / (per_superchain * within))
+
+    classic = float(az.rhat(draws, method="split"))
+    nested = float(nested_rhat(draws, np.repeat(np.arange(512), per_superchain)))
+    assert abs(classic - classic_expected) < 0.004, (classic, classic_expected)
+    assert abs(nested - nested_expected) < 0.0011, (nested, nested_expected)
+    assert classic > 1.05 and nested < nested_rhat_threshold(per_superchain, num_draws) == 1.01
