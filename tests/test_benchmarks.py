@@ -3,7 +3,8 @@
 ``benchmarks/gpu.py`` is run on a GPU machine by hand (it cannot be tested here); ``--device cpu --tiny``
 runs every part's code path but the CUDA graph's and must finish within a minute, writing the JSON whose
 keys the GPU runs are read by. ``benchmarks/step_ops.py --tiny`` must count a step's operators and write
-its JSON (its verdict on today's code is not asserted here: ``--no-check``).
+its JSON (its verdict on today's code is not asserted here: ``--no-check``). ``benchmarks/threads.py --tiny``
+must time both examples at one and two torch threads and write the machine, load and thread counts beside them.
 """
 
 from __future__ import annotations
@@ -55,3 +56,23 @@ def test_step_ops_counts_operators_and_host_reads(tmp_path):
     step = results["configs"]["mlp/SGHMC"]["1"]["ordinary"]
     # one SGHMC step of the MLP: a forward and backward pass of three layers, at least an mm each way
     assert step["total"] > 20 and step["ops"].get("aten.mm", 0) + step["ops"].get("aten.bmm", 0) >= 3
+
+
+def test_threads_benchmark_compares_one_thread_with_another_at_tiny_size(tmp_path):
+    out = tmp_path / "threads.json"
+    args = [str(ROOT / "benchmarks" / "threads.py"), "--tiny", "--threads", "1", "2", "--out", str(out)]
+    done = _run(args, tmp_path, 120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    meta = results["meta"]
+    assert {"date_utc", "cpu", "cpus", "load_start", "load_end", "default_threads", "thread_counts"} <= set(meta)
+    assert meta["thread_counts"] == [1, 2] and meta["default_threads"] == 1  # _run sets OMP_NUM_THREADS=1
+    assert set(results["results"]) == {"quickstart", "bnn"}
+    for case, figures in (("quickstart", 4), ("bnn", 2)):
+        for threads in ("1", "2"):
+            median = results["results"][case][threads]["median"]
+            assert sum(key.endswith("_ms") and median[key] > 0 for key in median) == figures, median
+        assert results["ratios_to_one_thread"][case]["2"]["step_wall_ms"] > 0
+    # every printed figure line carries the thread count and the load beside it
+    assert any("2 threads / 1 thread" in line and "load" in line for line in results["log"])
+    assert meta["seconds"] < 10  # the script's promise for --tiny (1.4 s measured at load 2.7)
