@@ -2,10 +2,9 @@
 
 torch runs its CPU operators on ``torch.get_num_threads()`` threads, by default one a core. The models of the
 quickstart and of the BNN example are small (a minibatch of ``1,000 x 10`` numbers; an MLP of 2,410 weights on
-100 images), so a second thread has little to share out and, on a machine whose cores other work is using,
-each step can wait for a thread that is not running. This script measures what that costs, in one process,
-with ``torch.set_num_threads`` switched between the counts compared (1 and the default read at start, or
-``--threads``):
+100 images). This script measures what torch's default costs on them against one thread, in one process, with
+``torch.set_num_threads`` switched between the counts compared (1 and the default read at start, or
+``--threads``); the package itself never sets the count (it changes no process-wide state):
 
 * ``quickstart``: a whole ``MCMC(SGHMC(model)).run`` on the package's defaults, on the model and data of
   ``examples/quickstart.py`` (imported from it: ``model``, ``make_data``; minibatches of ``B = 1,000``, 10,000
@@ -167,6 +166,7 @@ def machine_line(meta: dict) -> str:
 
 
 def fmt(value) -> str:
+    """A figure in ms to three decimals, ``-`` where it was not measured."""
     return "-" if value is None else f"{value:.3f}"
 
 
