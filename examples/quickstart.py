@@ -25,7 +25,7 @@ warmup and sampling included).
 
 Run it::
 
-    python examples/quickstart.py              # about a minute on a 2-core machine
+    python examples/quickstart.py              # about 75 s on a quiet 2-core machine
     python examples/quickstart.py --tiny       # a few seconds, smoke test only
 
 What to expect (``--seed 0``, one torch thread, a 2-core machine shared with other jobs; measured on
