@@ -2,9 +2,9 @@
 
 Every posterior of ``../shared/reference/posteriordb`` except diamonds (see below) is written exactly as
 posteriordb writes it (raw covariates, flat priors, HalfCauchy scales: ``tests/posteriordb_plain.py``),
-subsampled (``B`` about ``N / 4``; eight schools 4 of 8), run as one chain from Pyro's default init
-(``init_to_uniform``) with the kernel's defaults, and compared with the reference draws of long Stan NUTS
-runs. No step size, mass, friction or starting point is given.
+subsampled (``B`` about ``N / 4``; eight schools 4 of 8), run as one chain (SGHMC; SGLD and SGNHT four, see
+below) from Pyro's default init (``init_to_uniform``) with the kernel's defaults, and compared with the
+reference draws of long Stan NUTS runs. No step size, mass, friction or starting point is given.
 
 Criterion (the issue's): for every parameter, ``|mean - ref mean| < 0.2 ref sd`` and
 ``|sd / ref sd - 1| < 15 %``. It is a correctness bound, not a Monte Carlo one, so the test also checks that
