@@ -108,9 +108,9 @@ def test_each_chain_adapts_alone(float64):
     assert not torch.equal(steps_together[0], steps_together[2])  # the step sizes really are per chain
 
 
-def test_a_jump_of_the_potential_is_a_divergence(float64):
-    """After warmup a step that raises the minibatch potential past max_delta_energy + 10 x the RMS of its
-    warmup changes is a divergence: recorded, named, and the chain put back."""
+def _trapped_gaussian_mean():
+    """``mu ~ N(0, 100)``, 200 data read 50 at a time; and a switch ``trap["on"]`` that adds a factor of -1e6 to
+    the potential (a jump of 1e6 at the next step)."""
     torch.manual_seed(0)
     y = 3.0 + torch.randn(200, dtype=torch.float64)
     trap = {"on": False}
@@ -122,6 +122,13 @@ def test_a_jump_of_the_potential_is_a_divergence(float64):
         with pyro.plate("data", len(y), subsample_size=50) as idx:
             pyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
 
+    return model, trap
+
+
+def test_a_jump_of_the_potential_is_a_divergence(float64):
+    """After warmup a step that raises the minibatch potential past max_delta_energy + 10 x the RMS of its
+    warmup changes is a divergence: recorded, named, and the chain put back."""
+    model, trap = _trapped_gaussian_mean()
     kernel = SGHMC(model, jit_compile=False)
     kernel.setup_chains(200, seed=0)
     for _ in range(210):
@@ -145,17 +152,7 @@ def test_the_first_adaptation_steps_are_guarded_against_a_jump(float64):
     first metric threw log tau from 6 to -3,400 (a jump of 9e4) at the 17th step, unnoticed, and the run ended
     with tau = 0 in every draw. Here a jump of 1e6 at the first adaptation step is a divergence, and the chain
     is put back."""
-    torch.manual_seed(0)
-    y = 3.0 + torch.randn(200, dtype=torch.float64)
-    trap = {"on": False}
-
-    def model():
-        mu = pyro.sample("mu", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 10.0))
-        if trap["on"]:
-            pyro.factor("trap", torch.tensor(-1e6, dtype=torch.float64))
-        with pyro.plate("data", len(y), subsample_size=50) as idx:
-            pyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
-
+    model, trap = _trapped_gaussian_mean()
     kernel = SGHMC(model, jit_compile=False)
     kernel.setup_chains(400, seed=0)
     for _ in range(approach_length(400)):
