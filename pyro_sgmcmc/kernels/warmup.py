@@ -58,8 +58,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from .adapt.jumps import JUMP_Z, MAX_DELTA_ENERGY, MIN_JUMP_STEPS
 
 __all__ = [
@@ -76,7 +74,6 @@ __all__ = [
     "AUTO_MAP_ITERATIONS",
     "CENTRE_TOLERANCE",
     "SLOW_MIXING_FRACTION",
-    "minibatch_gradients",
     "MIN_ADAPTATION_WARMUP",
     "MAX_DELTA_ENERGY",
     "JUMP_Z",
@@ -129,8 +126,3 @@ SLOW_MIXING_FRACTION = 0.2
 def approach_length(warmup_steps: int) -> int:
     """Steps of the approach phase for ``warmup_steps`` steps of warmup."""
     return int(APPROACH_FRACTION * warmup_steps)
-
-
-def minibatch_gradients(evaluate, position: torch.Tensor, minibatches, count: int = NOISE_MINIBATCHES) -> torch.Tensor:
-    """``(count, C, D)``: the minibatch gradients at ``position`` on ``count`` successive minibatches."""
-    return torch.stack([evaluate(position, minibatches.next())[1] for _ in range(count)])
