@@ -84,7 +84,8 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.set_default_device(device)
-    result: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    result: dict = {"torch": torch.__version__, "device": name}
 
     x, y, _ = race_nuts.make_data(100_000)
     x, y = x.to(device), y.to(device)
