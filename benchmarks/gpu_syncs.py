@@ -83,7 +83,6 @@ def main() -> None:
     parser.add_argument("--out", default="syncs.json")
     args = parser.parse_args()
     device = torch.device(args.device)
-    torch.set_default_device(device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     result: dict = {"torch": torch.__version__, "device": name}
 

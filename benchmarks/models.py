@@ -125,12 +125,13 @@ def unpack(z: torch.Tensor, hidden: int) -> Dict[str, torch.Tensor]:
 
 def make_model(hidden: int):
     def mlp_model(x, y):
-        W1 = pyro.sample("W1", dist.Normal(0.0, 1.0).expand([INPUTS, hidden]).to_event(2))
-        b1 = pyro.sample("b1", dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
-        W2 = pyro.sample("W2", dist.Normal(0.0, 1.0).expand([hidden, hidden]).to_event(2))
-        b2 = pyro.sample("b2", dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
-        W3 = pyro.sample("W3", dist.Normal(0.0, 1.0).expand([hidden, 1]).to_event(2))
-        b3 = pyro.sample("b3", dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+        zero, one = x.new_zeros(()), x.new_ones(())  # the priors on the data's device (a GPU run)
+        W1 = pyro.sample("W1", dist.Normal(zero, one).expand([INPUTS, hidden]).to_event(2))
+        b1 = pyro.sample("b1", dist.Normal(zero, one).expand([hidden]).to_event(1))
+        W2 = pyro.sample("W2", dist.Normal(zero, one).expand([hidden, hidden]).to_event(2))
+        b2 = pyro.sample("b2", dist.Normal(zero, one).expand([hidden]).to_event(1))
+        W3 = pyro.sample("W3", dist.Normal(zero, one).expand([hidden, 1]).to_event(2))
+        b3 = pyro.sample("b3", dist.Normal(zero, one).expand([1]).to_event(1))
         with pyro.plate("data", x.shape[0], subsample_size=BATCH) as idx:
             mean = (torch.tanh(torch.tanh(x[idx] @ W1 + b1) @ W2 + b2) @ W3 + b3).squeeze(-1)
             pyro.sample("y", dist.Normal(mean, NOISE_SD), obs=y[idx])
