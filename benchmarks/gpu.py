@@ -184,8 +184,11 @@ def part_one_chain(device, budget: Budget, tiny: bool, capture: Optional[dict] =
             initial_params={"b": init[0, 0], "w": init[0, 1:]}, **(capture or {}).get("mcmc", {}),
         )  # fmt: skip
 
-    out["pyro_sgmcmc.MCMC"] = hooked_run(ours, (x, y, race_nuts.BATCH), device, Budget(budget.left() / 2), steps)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out["pyro_sgmcmc.MCMC"] = hooked_run(ours, (x, y, race_nuts.BATCH), device, Budget(budget.left() / 2), steps)
     if capture is not None:  # part (d): the package's side only
+        out["fallbacks"] = fallbacks(caught)
         return out
     hand = harness.hand_loops.DeviceHandSGHMC(
         logistic_energy(x, y, race_nuts.BATCH), num_data, race_nuts.BATCH, init, seed=0, step_size=LOGISTIC_STEP
@@ -259,7 +262,10 @@ def part_many_chains(device, budget: Budget, tiny: bool, chains_list=None, captu
             )  # fmt: skip
 
         try:
-            entry["pyro_sgmcmc.MCMC"] = hooked_run(ours, (x, y), device, Budget(share.left() / 2), steps)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                entry["pyro_sgmcmc.MCMC"] = hooked_run(ours, (x, y), device, Budget(share.left() / 2), steps)
+            entry["fallbacks"] = fallbacks(caught)
             if capture is None:
                 hand = harness.hand_loops.DeviceHandSGHMC(
                     models.mlp_energy(x, y, hidden, chains), models.NUM_DATA, models.BATCH, init, seed=0,
@@ -287,7 +293,11 @@ def part_race(device, budget: Budget, tiny: bool) -> dict:
         "SGHMC": [(250, 1000), (500, 2000)] if tiny else [(n // 4, n) for n in (2000, 4000, 8000, 16000, 32000)],
         "NUTS": [(50, 50), (100, 100)] if tiny else [(n, n) for n in (250, 500, 1000, 2000)],
     }
-    caps = {"SGHMC": budget.left() * 0.45, "NUTS": budget.left() * 0.45}
+    if capture_option() is not None:  # the package's capture option on the same defaults, as a third side
+        ladders = {"SGHMC": ladders["SGHMC"], "SGHMC, capture": ladders["SGHMC"], "NUTS": ladders["NUTS"]}
+        caps = {"SGHMC": budget.left() * 0.2, "SGHMC, capture": budget.left() * 0.15, "NUTS": budget.left() * 0.6}
+    else:
+        caps = {"SGHMC": budget.left() * 0.45, "NUTS": budget.left() * 0.45}
     for side, ladder in ladders.items():
         side_budget = Budget(caps[side])
         runs: List[dict] = []
@@ -307,6 +317,8 @@ def part_race(device, budget: Budget, tiny: bool) -> dict:
         }
     sg, nuts = (out["sides"][s]["time_to_criterion_s"] for s in ("SGHMC", "NUTS"))
     out["nuts_over_sghmc"] = nuts / sg if sg and nuts else None
+    captured = out["sides"].get("SGHMC, capture", {}).get("time_to_criterion_s")
+    out["nuts_over_sghmc_capture"] = nuts / captured if captured and nuts else None
     return out
 
 
@@ -314,7 +326,10 @@ def race_run(side: str, x, y, warmup: int, samples: int, ref: dict, budget: Budg
     """One fresh run of ``side`` through ``pyro.infer.MCMC``, stopped by its hook if ``budget`` runs out."""
     pyro.clear_param_store()
     pyro.set_rng_seed(race_nuts.SEED)
-    kernel = NUTS(race_nuts.model) if side == "NUTS" else SGHMC(race_nuts.model)
+    if side == "NUTS":
+        kernel = NUTS(race_nuts.model)
+    else:
+        kernel = SGHMC(race_nuts.model, **(capture_option()["kernel"] if side == "SGHMC, capture" else {}))
 
     def hook(*_):
         if budget.spent():
@@ -324,9 +339,10 @@ def race_run(side: str, x, y, warmup: int, samples: int, ref: dict, budget: Budg
     entry: dict = {"warmup_steps": warmup, "num_samples": samples}
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             mcmc.run(x, y, None if side == "NUTS" else race_nuts.BATCH)
+        entry["fallbacks"] = fallbacks(caught)
     except OutOfTime:
         entry.update(seconds=time.perf_counter() - start, timed_out=True)
         return entry
@@ -334,6 +350,11 @@ def race_run(side: str, x, y, warmup: int, samples: int, ref: dict, budget: Budg
     draws = race_nuts.flat({k: v.cpu() for k, v in mcmc.get_samples().items()})
     entry.update(race_nuts.errors(draws, ref))
     return entry
+
+
+def fallbacks(caught) -> List[str]:
+    """The messages of the capture option's fallback warnings (``CaptureFallback``) among ``caught``."""
+    return [str(w.message)[:300] for w in caught if w.category.__name__ == "CaptureFallback"]
 
 
 def capture_option() -> Optional[dict]:

@@ -88,12 +88,13 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         init_to_centre: bool = False,
         on_divergence: str = "restart",
         jit_compile: JitMode = "auto",
+        cuda_graph: bool = False,
         **dynamics,
     ) -> None:
         shared = dict(
             adapt_step_size=adapt_step_size, adapt_mass_matrix=adapt_mass_matrix, full_mass=full_mass,
             init_strategy=init_strategy, temperature=temperature, num_data=num_data, control_variate=control_variate,
-            init_to_centre=init_to_centre, on_divergence=on_divergence, jit_compile=jit_compile,
+            init_to_centre=init_to_centre, on_divergence=on_divergence, jit_compile=jit_compile, cuda_graph=cuda_graph,
         )  # fmt: skip
         name = type(self).__name__
         old = checks.resolve_legacy_arguments(name, legacy_positional, self.LEGACY_POSITIONAL, dynamics, shared)
@@ -112,7 +113,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
 
     def _configure(
         self, model, step_size, *, adapt_step_size, adapt_mass_matrix, full_mass, init_strategy, temperature,
-        num_data, control_variate, init_to_centre, on_divergence, jit_compile,
+        num_data, control_variate, init_to_centre, on_divergence, jit_compile, cuda_graph,
     ) -> None:  # fmt: skip
         if not callable(model):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
@@ -136,6 +137,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         self.init_strategy = init_strategy
         self.on_divergence = checks.choice(on_divergence, "on_divergence", ON_DIVERGENCE)
         self.jit_compile = check_jit_compile(jit_compile)
+        self.cuda_graph = checks.flag(cuda_graph, "cuda_graph")
 
         self.transforms = None
         self.potential: Optional[ModelPotential] = None
@@ -173,8 +175,8 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
 
         The kernel's class, the step size or schedule *as given* (not the adapted one), the adaptation flags,
         ``full_mass``, ``temperature``, ``num_data``, the init strategy, the control-variate setting (a dict
-        centre as a SHA-256 of its tensors), ``init_to_centre``, ``on_divergence``, ``jit_compile`` and the
-        kernel's own arguments (friction, mass, ...). Nothing a run adapts or draws is included.
+        centre as a SHA-256 of its tensors), ``init_to_centre``, ``on_divergence``, ``jit_compile``, ``cuda_graph``
+        and the kernel's own arguments (friction, mass, ...). Nothing a run adapts or draws is included.
         """
         settings = {
             "step_size": self._given_step_size,
@@ -188,6 +190,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
             "init_to_centre": self.init_to_centre,
             "on_divergence": self.on_divergence,
             "jit_compile": self.jit_compile,
+            "cuda_graph": self.cuda_graph,
         }
         settings.update({name: getattr(self, name) for name in self._dynamics_names})
         return {"kernel": f"{type(self).__module__}.{type(self).__qualname__}", **describe(settings)}

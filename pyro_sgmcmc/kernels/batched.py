@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Dict, Mapping, Optional, Sequence
+import warnings
+from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import torch
 
@@ -26,6 +27,7 @@ from ..chains.streams import ChainGenerators
 from ..model.potential import ModelPotential
 from ..schedules import Constant
 from . import arguments as checks
+from . import capture
 from .adaptation import warmup_context
 from .control_variates import ControlVariate
 from .divergences import DivergenceRecord
@@ -323,9 +325,28 @@ class BatchedChains:
             self.state = self.state.replace(frozen=frozen)
         self._sampling = SamplingRun(
             self.dynamics(), parameters, self.step_size, self.warmup.warmup_steps, self._draw_noise, record,
-            self.potential, self.state,
+            self.potential, self.state, capture=self._capture(parameters),
         )  # fmt: skip
         return self._sampling
+
+    def _capture(self, parameters) -> Optional[Callable]:
+        """With ``cuda_graph=True`` on a CUDA device: how to record the sampling step (``kernels/capture.py``)."""
+        if not getattr(self, "cuda_graph", False):
+            return None
+        graph = self.state.position.is_cuda
+        if not graph and not capture.STATIC_STEP_ON_CPU:
+            warnings.warn(
+                "cuda_graph=True needs the chains on a CUDA device (the model's tensors and data there); "
+                f"they are on {self.state.position.device}, so the sampling step runs eagerly",
+                capture.CaptureFallback, stacklevel=5,
+            )  # fmt: skip
+            return None
+        noise = self._noise
+        fill_noise = None if noise is None else (lambda step: self.generators.fill_normal(noise, step=step))
+        estimator = self.gradient_estimator.potential_and_grad
+        return lambda state, indices: capture.CapturedStep(
+            self.dynamics(), parameters, estimator, fill_noise, state, indices, graph
+        )
 
     def flush_divergences(self) -> None:
         """Read the sampling steps' divergences not yet read into :attr:`divergence_record` (``kernels/sampling.py``);

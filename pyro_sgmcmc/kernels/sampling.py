@@ -21,10 +21,12 @@ kernel's state moves, as it always did.
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional
 
 import torch
 
+from .capture import CapturedStep, CaptureFallback, agrees
 from .divergences import DivergenceRecord, describe_divergence
 from .state import SGMCMCState
 from .step import Dynamics, Estimator, SamplingParameters, StepInfo, propose, settle
@@ -65,6 +67,10 @@ class SamplingRun:
         The model's potential (names the sites of a non-finite point).
     start : SGMCMCState
         The state sampling starts from.
+    capture : callable, optional
+        ``capture(state, indices) -> CapturedStep``: replay the step as a recorded graph
+        (:mod:`~pyro_sgmcmc.kernels.capture`, ``cuda_graph=True``), built at the first step and trusted once it
+        equals that step taken eagerly; ``None``: every step eager.
     """
 
     def __init__(
@@ -77,8 +83,10 @@ class SamplingRun:
         record: DivergenceRecord,
         potential,
         start: SGMCMCState,
+        capture: Optional[Callable[[SGMCMCState, Mapping[str, torch.Tensor]], CapturedStep]] = None,
     ) -> None:
         self.dynamics, self.parameters, self.schedule = dynamics, parameters, schedule
+        self.capture, self.captured = capture, None
         self.warmup_steps, self.noise, self.record, self.potential = warmup_steps, noise, record, potential
         self.pending: List[_Pending] = []
         self.step_size = parameters.step_size  # the last step's (float or (C, 1))
@@ -92,15 +100,49 @@ class SamplingRun:
         if parameters.step_size is None:
             parameters = parameters.replace(step_size=self.schedule(state.step))
         evaluate = estimator.potential_and_grad
-        proposed = propose(self.dynamics, parameters, state, indices, self.noise(state.step), evaluate)
-        new, info = settle(self.dynamics, parameters, state, proposed)
+        replayable = getattr(estimator, "replayable", False)
+        if self.capture is not None and self.captured is None:
+            new, info = self._start_capture(state, indices, parameters, evaluate, replayable)
+        elif self.captured is not None:  # the recorded step; the window's replay names its divergences
+            new, info = self.captured(state, indices, parameters.step_size)
+            self.last = None
+        else:
+            proposed = propose(self.dynamics, parameters, state, indices, self.noise(state.step), evaluate)
+            new, info = settle(self.dynamics, parameters, state, proposed)
+            self.last = (state, proposed)
         self.record.note(info.diverging)
         self.pending.append(_Pending(state.step, info, indices, parameters, evaluate))
-        self.last, self.step_size = (state, proposed), parameters.step_size
-        replayable = parameters.on_divergence != "raise" and getattr(estimator, "replayable", False)
+        self.step_size = parameters.step_size
+        replayable = parameters.on_divergence != "raise" and replayable
         if not replayable or len(self.pending) >= FLUSH_EVERY:
             self.flush(new)
         return new
+
+    def _start_capture(self, state, indices, parameters, evaluate, replayable):
+        """The first step with ``cuda_graph=True``: taken eagerly, and by the recorded step from the same state;
+        the recording is kept if the two agree, else (or if it cannot be made) the run goes on eagerly, saying why."""
+        proposed = propose(self.dynamics, parameters, state, indices, self.noise(state.step), evaluate)
+        new, info = settle(self.dynamics, parameters, state, proposed)
+        self.last = (state, proposed)
+        capture, self.capture = self.capture, None
+        try:
+            if not replayable:
+                raise RuntimeError("the gradient estimator draws its own minibatches (e.g. data-parallel)")
+            captured = capture(state, indices)
+            replayed, _ = captured(state, indices, parameters.step_size)
+            if not agrees(new, replayed):
+                raise RuntimeError(
+                    "the recorded step differs from the eager one: the model must do the same operations at every "
+                    "step (no random draws of its own, no Python branch on a value)"
+                )
+        except Exception as error:  # noqa: BLE001 - any failure to record means: run eagerly, and say why
+            warnings.warn(
+                f"cuda_graph=True: the sampling step runs eagerly, it could not be recorded: {error}",
+                CaptureFallback, stacklevel=4,
+            )  # fmt: skip
+            return new, info
+        self.captured = captured
+        return new, info
 
     def flush(self, start: SGMCMCState) -> None:
         """Read the pending divergence masks into the record (raising for ``"raise"``), and begin a new window at
@@ -124,7 +166,8 @@ class SamplingRun:
         """Per flagged row of the window, ``[(chain, what), ...]`` (replaying the window for earlier rows)."""
         pending, last_row = self.pending, len(self.pending) - 1
         named = {}
-        earlier = [row for row in flagged if row != last_row]
+        replay_last = self.last is None  # a recorded step keeps no proposal: replayed like the others
+        earlier = [row for row in flagged if row != last_row or replay_last]
         if earlier:
             state = self.start
             for row, entry in enumerate(pending[: max(earlier) + 1]):
@@ -133,7 +176,7 @@ class SamplingRun:
                 if row in flagged:
                     named[row] = self._describe(state, proposed, flagged[row], entry)
                 state = settle(self.dynamics, entry.parameters, state, proposed)[0]
-        if last_row in flagged:
+        if last_row in flagged and not replay_last:
             named[last_row] = self._describe(*self.last, flagged[last_row], pending[last_row])
         return named
 

@@ -94,6 +94,15 @@ class SGLD(SGMCMCKernel):
         ``False`` always does (use ``False`` for a model with side effects, such as reading a variable
         a hook changes). ``True`` compiles whenever the check passes and warns when it cannot.
         Vectorised chains use :func:`torch.func.vmap` and ignore it.
+    cuda_graph : bool
+        Record the sampling step once as a CUDA graph and replay it (:mod:`~pyro_sgmcmc.kernels.capture`): on a
+        GPU a step then costs one launch instead of one per operator. Sampling only (the warmup adapts, so it
+        runs eagerly); the chains and data on a CUDA device; the model must do the same operations at every
+        step (no random draws of its own, no Python branch on a value), and Pyro's validation is off in the
+        recorded step. The first sampling step is taken both ways and compared: a model that cannot be
+        recorded, or whose replay differs, runs eagerly with a :class:`~pyro_sgmcmc.kernels.capture.CaptureFallback`
+        warning saying why, as does ``cuda_graph=True`` on the CPU. The draws equal the eager ones to float
+        rounding. Default False.
 
     Notes
     -----

@@ -23,6 +23,8 @@ vmapped chain dimension), which ``pyro_sgmcmc/_compat.py`` tells.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -32,7 +34,10 @@ from pyro.poutine.messenger import Messenger
 
 from .._compat import is_batched, unwrapped_constant
 
-__all__ = ["FastNormalPriors", "StandardNormalForm", "StandardPriors", "constant_scalar", "normal_base"]
+__all__ = [
+    "FastNormalPriors", "StandardNormalForm", "StandardPriors", "constant_scalar", "normal_base",
+    "trusted_prior_constants",
+]  # fmt: skip
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -250,6 +255,8 @@ class StandardPriors:
 
         Constants on the CPU are read (no device sync, and cheaper than a tensor operation); on another
         device they are compared in one tensor operation, so one sync per call instead of one per site."""
+        if _TRUSTED.get():
+            return None
         names = tuple(deferred)
         expected = self._expected.get(names)
         if expected is None:
@@ -301,6 +308,20 @@ class StandardPriors:
 
 
 _CPU_ONLY = "cpu"  # all of a check's constants are on the CPU
+_TRUSTED = contextvars.ContextVar("trusted_prior_constants", default=False)
+
+
+@contextlib.contextmanager
+def trusted_prior_constants():
+    """Within it :meth:`StandardPriors.verify` takes the deferred sites' constants as their set-up values without
+    comparing them (a comparison on a GPU reads a value to the host). For recording a step as a CUDA graph
+    (:mod:`~pyro_sgmcmc.kernels.capture`): the recorded step cannot change its constants anyway, and the eager
+    step it is compared with has checked them."""
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
 
 
 def scalar_key(scalar: torch.Tensor) -> tuple:

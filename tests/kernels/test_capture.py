@@ -1,0 +1,134 @@
+"""``cuda_graph=True``: the sampling step on static tensors, recorded once and replayed (kernels/capture.py).
+
+On the CPU the static-tensor step runs eagerly (``capture.STATIC_STEP_ON_CPU``): what it must do there is give
+exactly the draws of the ordinary step, since both are the same pure step on the same state, minibatches and
+keyed noise. On a CUDA device (skipped here) the recorded graph is replayed; its draws agree with the eager
+step's to float rounding.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import pyro_sgmcmc
+from pyro_sgmcmc import SGHMC, SGLD, SGNHT
+from pyro_sgmcmc.kernels import capture
+from pyro_sgmcmc.schedules import RobbinsMonro
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def regression(x, y):
+    w = pyro.sample("w", dist.Normal(torch.zeros(3, device=x.device), 1.0).to_event(1))
+    noise = pyro.sample("noise", dist.HalfNormal(torch.tensor(2.0, device=x.device)))
+    with pyro.plate("data", x.shape[0], subsample_size=20) as i:
+        pyro.sample("y", dist.Normal(x[i] @ w, noise), obs=y[i])
+
+
+def noisy_regression(x, y):
+    """A model that draws random numbers of its own: its recorded step cannot equal its eager step."""
+    w = pyro.sample("w", dist.Normal(torch.zeros(3, device=x.device), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0], subsample_size=20) as i:
+        jitter = 1e-2 * torch.randn(20, device=x.device)
+        pyro.sample("y", dist.Normal(x[i] @ w + jitter, 0.3), obs=y[i])
+
+
+def data(device="cpu"):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 3, generator=generator)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.3 * torch.randn(200, generator=generator)
+    return x.to(device), y.to(device)
+
+
+def run(kernel, num_chains=1, model_data=None):
+    mcmc = pyro_sgmcmc.MCMC(
+        kernel, num_samples=150, warmup_steps=100, num_chains=num_chains, seed=1, disable_progbar=True,
+        chain_method="vectorized" if num_chains > 1 else "sequential",
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(*(model_data or data()))
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, capture.CaptureFallback)]
+    return mcmc, fallbacks
+
+
+@pytest.fixture
+def static_step_on_cpu(monkeypatch):
+    monkeypatch.setattr(capture, "STATIC_STEP_ON_CPU", True)
+
+
+@pytest.mark.parametrize("kernel_class", [SGLD, SGHMC, SGNHT])
+@pytest.mark.parametrize("num_chains", [1, 3])
+def test_the_static_step_gives_the_draws_of_the_ordinary_step(static_step_on_cpu, kernel_class, num_chains):
+    eager, _ = run(kernel_class(regression), num_chains)
+    static, fallbacks = run(kernel_class(regression, cuda_graph=True), num_chains)
+    assert fallbacks == []
+    assert static.kernel._sampling.captured is not None  # the static step ran, not the eager one
+    for name, draws in eager.get_samples().items():
+        assert torch.equal(draws, static.get_samples()[name]), name
+
+
+def test_a_schedule_reaches_the_static_step(static_step_on_cpu):
+    """The scheduled step size is copied in at each step: the draws follow the schedule. The static step multiplies
+    by the step size as a float32 tensor, the eager one by a Python float: equal to float32 rounding (1e-6
+    relative on draws of order 1)."""
+    options = dict(step_size=RobbinsMonro(3e-3, 0.55), adapt_step_size=False, adapt_mass_matrix=False)
+    eager, _ = run(SGLD(regression, **options))
+    static, fallbacks = run(SGLD(regression, cuda_graph=True, **options))
+    assert fallbacks == [] and static.kernel._sampling.captured is not None
+    for name, draws in eager.get_samples().items():
+        torch.testing.assert_close(draws, static.get_samples()[name], rtol=1e-5, atol=1e-5)
+        assert not torch.equal(draws[0], draws[-1])  # the chain moved
+
+
+def test_divergences_of_recorded_steps_are_named_as_without_recording(static_step_on_cpu):
+    """A fixed step far past the stable one (the noise sd is tiny at this step, the drift huge): divergences in
+    sampling. The recorded step keeps no proposal, so each is named by replaying its window: the same log."""
+    options = dict(step_size=0.5, adapt_step_size=False, adapt_mass_matrix=False)
+    eager, _ = run(SGLD(regression, **options))
+    static, _ = run(SGLD(regression, cuda_graph=True, **options))
+    assert static.kernel._sampling.captured is not None
+    sampling = [entry for entry in eager.kernel.divergence_log if entry[2] == "sampling"]
+    assert len(sampling) > 0
+    assert static.kernel.divergence_log == eager.kernel.divergence_log
+    assert static.kernel.divergences == eager.kernel.divergences
+
+
+def test_a_model_with_its_own_randomness_runs_eagerly_and_says_why(static_step_on_cpu):
+    pyro.set_rng_seed(0)
+    mcmc, fallbacks = run(SGHMC(noisy_regression, cuda_graph=True))
+    assert len(fallbacks) == 1 and "differs from the eager one" in fallbacks[0]
+    assert mcmc.kernel._sampling.captured is None
+    assert mcmc.get_samples()["w"].shape == (150, 3)
+
+
+def test_without_a_cuda_device_it_warns_and_steps_as_usual():
+    eager, _ = run(SGHMC(regression))
+    asked, fallbacks = run(SGHMC(regression, cuda_graph=True))
+    assert len(fallbacks) == 1 and "needs the chains on a CUDA device" in fallbacks[0]
+    for name, draws in eager.get_samples().items():
+        assert torch.equal(draws, asked.get_samples()[name])
+
+
+def test_cuda_graph_must_be_a_bool():
+    with pytest.raises((TypeError, ValueError), match="cuda_graph"):
+        SGHMC(regression, cuda_graph="yes")
+
+
+@CUDA
+@pytest.mark.parametrize("num_chains", [1, 4])
+def test_on_cuda_the_replayed_graph_gives_the_eager_draws(num_chains):
+    """The same kernels replayed: the draws agree with the eager step's to float32 rounding accumulated over 150
+    steps of a contracting chain (1e-4)."""
+    cuda_data = data("cuda")
+    eager, _ = run(SGHMC(regression), num_chains, cuda_data)
+    replayed, fallbacks = run(SGHMC(regression, cuda_graph=True), num_chains, cuda_data)
+    assert fallbacks == []
+    assert replayed.kernel._sampling.captured.graph is not None
+    for name, draws in eager.get_samples().items():
+        torch.testing.assert_close(draws, replayed.get_samples()[name], rtol=1e-4, atol=1e-4)
