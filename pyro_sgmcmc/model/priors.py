@@ -353,5 +353,3 @@ def normal_base(fn) -> Optional[Tuple[torch.distributions.Normal, int]]:
         event_dims += base.reinterpreted_batch_ndims
         base = base.base_dist
     return (base, event_dims) if type(base) in _NORMALS else None
-
-
