@@ -283,7 +283,7 @@ def part_many_chains(device, budget: Budget, tiny: bool, chains_list=None, captu
     return out
 
 
-def part_race(device, budget: Budget, tiny: bool) -> dict:
+def part_race(device, budget: Budget, tiny: bool, sides: Optional[List[str]] = None) -> dict:
     """(c): the NUTS race on the device, end to end; NUTS capped at half the part's budget."""
     num_data = 20_000 if tiny else 1_000_000
     x, y, x_cpu, y_cpu = race_data(num_data, device)
@@ -295,7 +295,11 @@ def part_race(device, budget: Budget, tiny: bool) -> dict:
     }
     if capture_option() is not None:  # the package's capture option on the same defaults, as a third side
         ladders = {"SGHMC": ladders["SGHMC"], "SGHMC, capture": ladders["SGHMC"], "NUTS": ladders["NUTS"]}
-        caps = {"SGHMC": budget.left() * 0.2, "SGHMC, capture": budget.left() * 0.15, "NUTS": budget.left() * 0.6}
+        if sides:
+            ladders = {side: ladders[side] for side in sides}
+            caps = {side: budget.left() / len(sides) for side in sides}
+        if not sides:
+            caps = {"SGHMC": budget.left() * 0.2, "SGHMC, capture": budget.left() * 0.15, "NUTS": budget.left() * 0.6}
     else:
         caps = {"SGHMC": budget.left() * 0.45, "NUTS": budget.left() * 0.45}
     for side, ladder in ladders.items():
@@ -315,7 +319,7 @@ def part_race(device, budget: Budget, tiny: bool) -> dict:
             "time_to_criterion_s": None if reached is None else reached["seconds"],
             "timed_out": reached is None and (side_budget.spent() or any("skipped" in r for r in runs)),
         }
-    sg, nuts = (out["sides"][s]["time_to_criterion_s"] for s in ("SGHMC", "NUTS"))
+    sg, nuts = (out["sides"].get(s, {}).get("time_to_criterion_s") for s in ("SGHMC", "NUTS"))
     out["nuts_over_sghmc"] = nuts / sg if sg and nuts else None
     captured = out["sides"].get("SGHMC, capture", {}).get("time_to_criterion_s")
     out["nuts_over_sghmc_capture"] = nuts / captured if captured and nuts else None
@@ -416,7 +420,7 @@ def run_part(key: str, device, args, results: dict, write: Callable[[], None]) -
         elif key == "b":
             out = part_many_chains(device, budget, args.tiny)
         elif key == "c":
-            out = part_race(device, budget, args.tiny)
+            out = part_race(device, budget, args.tiny, args.sides)
         else:
             capture = capture_option()
             if capture is None:
@@ -441,6 +445,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="cuda", help="torch device (default cuda)")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     parser.add_argument("--budget", type=float, default=1.0, help="scale of every part's time budget (default 1)")
+    parser.add_argument("--sides", nargs="+", help='part (c): only these sides (e.g. "SGHMC, capture")')
     parser.add_argument("--commit", help="the git commit measured, where the copy there has no .git (recorded)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)

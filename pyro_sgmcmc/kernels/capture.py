@@ -29,11 +29,13 @@ the CPU; the speed-up needs a GPU.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import warnings
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import pyro
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..model.priors import trusted_prior_constants
 from .state import SGMCMCState
@@ -119,16 +121,17 @@ class CapturedStep:
         self.info = info  # recorded: the graph's own tensors, overwritten by each replay (copied out in __call__)
 
     def _record(self) -> None:
+        self.constants = DeviceConstants()  # kept: the graph reads them at every replay
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with recording_context(), torch.cuda.stream(side):
+        with recording_context(), self.constants, torch.cuda.stream(side):
             for _ in range(WARMUP_REPLAYS):
                 self._step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         saved = {name: None if t is None else t.clone() for name, t in self.inputs.items()}
         step = self.step.clone()
-        with recording_context(), torch.cuda.graph(graph):
+        with recording_context(), self.constants, torch.cuda.graph(graph):
             self._advance()
         for name, tensor in self.inputs.items():  # recording ran the kernels once: put the inputs back
             if tensor is not None:
@@ -168,6 +171,63 @@ def recording_context():
     with pyro.validation_enabled(False), trusted_prior_constants(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # e.g. torch's notes on graph capture
         yield
+
+
+class DeviceConstants(TorchFunctionMode):
+    """Tensors the model makes on the device from host values, made once and reused.
+
+    A model builds constants from Python numbers at every call (``Normal(mu, 0.3)`` makes ``torch.tensor(0.3,
+    device=...)``; so do ``x.new_tensor(...)`` and ``cpu_tensor.to(device)``): each is a copy from the host's
+    pageable memory, which a CUDA graph cannot record. Under this mode the first such call with a given value,
+    dtype and device (in the eager steps before recording) makes the tensor, and later calls with the same get the
+    same tensor, so the recorded step reads it from the device. The values are keys, so a changed constant is a
+    new tensor (and, inside the recording, the failure that makes the run fall back to eager steps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: Dict[tuple, torch.Tensor] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        key = _constant_key(func, args, kwargs)
+        if key is None:
+            return func(*args, **kwargs)
+        made = self.cache.get(key)
+        if made is None:
+            made = self.cache[key] = func(*args, **kwargs)
+        return made
+
+
+def _host_value(data) -> Optional[tuple]:
+    """A hashable form of a Python number or a nested list/tuple of numbers (their types too), else None."""
+    if isinstance(data, (bool, numbers.Number)):
+        return (type(data).__name__, data)
+    if isinstance(data, (list, tuple)):
+        items = tuple(_host_value(item) for item in data)
+        return None if any(item is None for item in items) else items
+    return None
+
+
+def _constant_key(func, args, kwargs) -> Optional[tuple]:
+    """The cache key of a call that copies a host value to a device, or None for any other call."""
+    if kwargs.get("requires_grad") or kwargs.get("out") is not None:
+        return None
+    if func in (torch.tensor, torch.as_tensor, torch.scalar_tensor) and args:
+        device, value = kwargs.get("device"), _host_value(args[0])
+    elif func is torch.Tensor.new_tensor and len(args) > 1:
+        device, value = kwargs.get("device", args[0].device), _host_value(args[1])
+    elif func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu":
+        source, targets = args[0], list(args[1:]) + [kwargs.get("device")]
+        device = next((t.device if torch.is_tensor(t) else t for t in targets if isinstance(t, (str, torch.device))
+                       or torch.is_tensor(t)), None)  # fmt: skip
+        value = None if source.requires_grad else (str(source.dtype), tuple(source.shape), source.numpy().tobytes())
+    else:
+        return None
+    if value is None or device is None or torch.device(device).type == "cpu":
+        return None
+    rest = tuple((k, str(v)) for k, v in sorted(kwargs.items()) if k != "device")
+    extra = tuple(str(a) for a in args[2:]) if func is torch.Tensor.new_tensor else ()
+    return (func.__name__, value, str(torch.device(device)), rest, extra)
 
 
 def agrees(eager: SGMCMCState, replayed: SGMCMCState) -> bool:

@@ -132,3 +132,22 @@ def test_on_cuda_the_replayed_graph_gives_the_eager_draws(num_chains):
     assert replayed.kernel._sampling.captured.graph is not None
     for name, draws in eager.get_samples().items():
         torch.testing.assert_close(draws, replayed.get_samples()[name], rtol=1e-4, atol=1e-4)
+
+
+def test_constants_made_from_host_values_are_made_once_per_value():
+    """A recorded step cannot copy from the host: under ``DeviceConstants`` the model's constants (from Python
+    numbers, ``new_tensor`` and ``.to(device)`` of a CPU tensor) are made once per value and then reused. The
+    ``meta`` device stands in for a GPU here; CPU tensors are never cached (they need no copy)."""
+    mode = capture.DeviceConstants()
+    with mode:
+        first, again, other = (torch.tensor(v, device="meta") for v in (0.3, 0.3, 0.4))
+        scale_a = dist.Normal(torch.zeros(3, device="meta"), 1.0, validate_args=False).scale
+        scale_b = dist.Normal(torch.zeros(3, device="meta"), 1.0, validate_args=False).scale
+        moved, moved_again = (torch.tensor([1.0, 2.0]).to("meta") for _ in range(2))
+        made, made_again = (torch.ones(2, device="meta").new_tensor([5, 6]) for _ in range(2))
+        on_cpu, on_cpu_again = torch.tensor(2.0), torch.tensor(2.0)
+    assert first is again and first is not other
+    assert scale_a.data_ptr() == scale_b.data_ptr() or scale_a._base is scale_b._base  # one tensor, expanded
+    assert moved is moved_again and made is made_again
+    assert on_cpu is not on_cpu_again
+    assert torch.tensor(1, device="meta").dtype == torch.long and len(mode.cache) == 5  # 0.3, 0.4, 1.0, [1,2], [5,6]
