@@ -27,6 +27,7 @@ from __future__ import annotations
 #    public path (``as_strided((), ())``), 2 calls per prior site and step, i.e. 2.6 us of a 500 us step of
 #    the 4-site MLP: 0.5 %, not worth a private read.
 import torch  # noqa: E402  (each room's imports sit in its own section)
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (kernels/capture.py: host reads)
 
 _functorch = torch._C._functorch
 

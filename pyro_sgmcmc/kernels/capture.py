@@ -37,6 +37,7 @@ import pyro
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .._compat import TorchDispatchMode
 from ..model.priors import trusted_prior_constants
 from .state import SGMCMCState
 from .step import Dynamics, SamplingParameters, StepInfo, propose, settle
@@ -125,8 +126,9 @@ class CapturedStep:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with recording_context(), self.constants, torch.cuda.stream(side):
-            for _ in range(WARMUP_REPLAYS):
+            for _ in range(WARMUP_REPLAYS - 1):
                 self._step()
+            check_no_host_reads(self._step)  # before recording: a failed recording can leave CUDA's state broken
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         saved = {name: None if t is None else t.clone() for name, t in self.inputs.items()}
@@ -171,6 +173,38 @@ def recording_context():
     with pyro.validation_enabled(False), trusted_prior_constants(), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # e.g. torch's notes on graph capture
         yield
+
+
+#: ATen operators that read a tensor's values to the host (a synchronisation, which a CUDA graph cannot record).
+HOST_READS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "item"})
+
+
+class _HostReads(TorchDispatchMode):
+    """Records the operators of :data:`HOST_READS` applied to tensors off the CPU (a read there is no sync)."""
+
+    def __init__(self, on_cpu: bool = False) -> None:
+        super().__init__()
+        self.on_cpu, self.seen = on_cpu, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in HOST_READS:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if self.on_cpu or any(t.device.type != "cpu" for t in tensors):
+                self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def check_no_host_reads(step: Callable[[], object], on_cpu: bool = False) -> None:
+    """Run ``step`` once, eagerly; a RuntimeError naming the operators if it read values to the host (counted even
+    where the model catches the error a recording would raise)."""
+    with _HostReads(on_cpu) as reads:
+        step()
+    if reads.seen:
+        names = ", ".join(sorted(set(reads.seen)))
+        raise RuntimeError(
+            f"the step reads values to the host ({names}: .item(), bool(), a Python branch on a tensor, or a "
+            "comparison of values); a recorded step cannot"
+        )
 
 
 class DeviceConstants(TorchFunctionMode):

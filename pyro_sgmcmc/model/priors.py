@@ -131,6 +131,8 @@ def broadcast_constant_key(tensor: torch.Tensor) -> Optional[tuple]:
     of the standard priors reads no value (:func:`constant_scalar`, :meth:`StandardPriors.verify`)."""
     if any(stride for stride, size in zip(tensor.stride(), tensor.shape) if size > 1) or not is_constant(tensor):
         return None
+    if _TRUSTED.get() and tensor.device.type != "cpu":  # recording a step: no read; the same memory, the same key
+        return tensor.dtype, tensor.device, ("at", tensor.data_ptr())
     return tensor.dtype, tensor.device, tensor[(0,) * tensor.dim()].item()
 
 

@@ -151,3 +151,20 @@ def test_constants_made_from_host_values_are_made_once_per_value():
     assert moved is moved_again and made is made_again
     assert on_cpu is not on_cpu_again
     assert torch.tensor(1, device="meta").dtype == torch.long and len(mode.cache) == 5  # 0.3, 0.4, 1.0, [1,2], [5,6]
+
+
+def test_a_step_that_reads_values_to_the_host_is_named_before_recording():
+    """Checked before recording (a failed recording can leave CUDA's state broken): ``.item()`` and ``bool()`` of a
+    tensor are named, even where the code catches the error; a step of tensor operations passes."""
+    z = torch.ones(3)
+    capture.check_no_host_reads(lambda: (z * 2).sum(), on_cpu=True)
+
+    def swallowed():
+        try:
+            return bool(z.sum() > 0)
+        except RuntimeError:
+            return None
+
+    for step in (lambda: z.sum().item(), swallowed):
+        with pytest.raises(RuntimeError, match="reads values to the host"):
+            capture.check_no_host_reads(step, on_cpu=True)
