@@ -148,11 +148,16 @@ class Vectorized:
         if not self.summable:
             return None
         if self._over_minibatches is None:
-            per_batch = torch.func.vmap(self.potential, in_dims=(None, 0), randomness="different")
-            self._over_minibatches = torch.func.grad_and_value(lambda z, idx: per_batch(z, idx).sum())
+            self._over_minibatches = torch.func.vmap(self.potential, in_dims=(None, 0), randomness="different")
         try:
+            # the gradient by autograd through vmap, not torch.func.grad_and_value: that imports torch._dynamo and
+            # with it sympy (seconds, at the first call of a process)
             with pyro.validation_enabled(False), torch.enable_grad():
-                grad, potential = self._over_minibatches(position.detach(), dict(indices))
+                z = position.detach().requires_grad_(True)
+                potential = self._over_minibatches(z, dict(indices)).sum()
+                (grad,) = torch.autograd.grad(potential, z, allow_unused=True)
+            if grad is None:  # a potential that does not depend on the position
+                grad = torch.zeros_like(position)
         except RuntimeError as error:  # e.g. data-dependent control flow: the caller falls back to copies of z
             if out_of_memory(error):
                 raise
