@@ -42,7 +42,11 @@ def test_gpu_benchmark_runs_on_the_cpu_at_tiny_size_and_writes_its_results(tmp_p
     for entry in results["parts"]["b"]["chains"].values():
         assert "error" not in entry, entry["error"]
         assert entry["timed_out"] or entry["ratio"] > 0
-    assert set(results["parts"]["c"]["sides"]) == {"SGHMC", "NUTS"}
+    assert set(results["parts"]["c"]["sides"]) == {"SGHMC", "SGHMC, capture", "NUTS"}  # cuda_graph: a third side
+    capture = results["parts"]["d"]
+    assert capture["parameter"] == "SGHMC(cuda_graph=True)"
+    fallbacks = capture["a"]["fallbacks"]
+    assert fallbacks and all("needs the chains on a CUDA device" in m for m in fallbacks)  # on the CPU: says so
     assert meta["seconds"] < 60  # the parts' budgets at --tiny: a smoke run stays short
 
 
