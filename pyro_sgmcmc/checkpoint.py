@@ -16,11 +16,13 @@ such a checkpoint is refused, naming its format; so is a format-3 checkpoint, wh
 state per chain: the noise is now keyed Philox, whose state is the seed, the chain ids and the step.)
 
 A write costs ``O(k)`` for the ``k`` steps since the previous one: one new chunk and the small index
-(the kernel's state does not grow with the run). Each file is written to ``<name>.tmp``, flushed,
+(the kernel's state does not grow with the run). Each file is written to a temporary file of its own,
+``<name>.<pid>-<8 random hex digits>.tmp`` (created exclusively: never another process's), flushed,
 ``fsync``-ed (unless ``sync=False``) and renamed over its name (``os.replace`` is atomic on POSIX
 and Windows), the chunk before the index that lists it, so a process killed at any moment leaves a
 complete checkpoint: the previous index with its chunks, or the new one. A chunk written but not yet
-listed is written again, bit for bit the same, by the resumed run.
+listed is written again, bit for bit the same, by the resumed run. A write that fails (a full disk)
+removes its temporary files and renames nothing: the previous checkpoint stays as it was.
 
 On resume every record is verified: a file that is not a checkpoint, a record whose bytes differ
 from its checksum (a flipped byte, an edited field) and a missing or altered chunk are each a
@@ -31,13 +33,17 @@ a crafted file cannot run code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
+
+from .checkpoint_errors import CheckpointError, CheckpointInUse, CheckpointMismatch, CheckpointWriteError
 
 __all__ = [
     "save_checkpoint",
@@ -51,7 +57,11 @@ __all__ = [
     "checksums",
     "check_serialisable",
     "expected_draws",
+    "temporary_name",
+    "CheckpointError",
     "CheckpointMismatch",
+    "CheckpointInUse",
+    "CheckpointWriteError",
 ]
 
 #: 4: no generator states (the noise is keyed Philox: its state is the seed, chain ids and step); 3 held a
@@ -63,10 +73,6 @@ _EARLIER_FORMATS = {
     3: "with a torch.Generator state per chain, whose noise streams this version (keyed Philox) does not continue",
 }
 _SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
-
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint cannot be resumed: other settings, a damaged or altered record, or not a checkpoint."""
 
 
 # ---------------------------------------------------------------------- records and checksums
@@ -120,7 +126,7 @@ def check_serialisable(payload: Any, what: str = "the checkpoint") -> None:
 
 # ---------------------------------------------------------------------- files
 def _write_atomically(data: bytes, path: Path, sync: bool = True, pending: Optional[list] = None) -> None:
-    """Write to ``<path>.tmp`` then rename over ``path``: a killed process leaves the old file or the new one.
+    """Write to a temporary file then rename it over ``path``: a killed process leaves the old file or the new one.
 
     With ``sync`` the data are ``fsync``-ed before the rename, so that after a power failure or an
     operating-system crash the renamed file is not empty or torn either (the directory entry itself is
@@ -136,24 +142,49 @@ def _write_atomically(data: bytes, path: Path, sync: bool = True, pending: Optio
 def commit_files(files: List[Tuple[bytes, Path]], sync: bool = True) -> None:
     """Write several files atomically, renamed in the order given (a checkpoint: chunk, then index).
 
-    Every file is written to its ``.tmp`` first; with ``sync`` all are ``fsync``-ed *concurrently* (the
-    file system commits them together: one disk flush's latency instead of one per file), and only then
-    renamed, one after the other, so that the index never names a file that is not complete.
+    Every file is written to a temporary file of its own first (:func:`temporary_name`); with ``sync``
+    all are ``fsync``-ed *concurrently* (the file system commits them together: one disk flush's latency
+    instead of one per file), and only then renamed, one after the other, so that the index never names
+    a file that is not complete. An error (a full disk: ``OSError`` with ``errno.ENOSPC``), or an
+    interrupt, before the renames removes the temporary files and renames nothing, so the files named
+    keep their previous content; the error is re-raised as it came.
     """
-    handles = []
+    temporaries: List[Path] = []
+    descriptors: List[int] = []
     try:
         for data, path in files:
-            handle = open(path.with_name(path.name + ".tmp"), "wb")
-            handles.append(handle)
-            handle.write(data)
-            handle.flush()
+            temporaries.append(temporary_name(path))
+            descriptors.append(os.open(temporaries[-1], _EXCLUSIVE_WRITE, 0o666))
+            _write_all(descriptors[-1], data)
         if sync:
-            list(_fsync_pool().map(lambda h: os.fsync(h.fileno()), handles))
-    finally:
-        for handle in handles:
-            handle.close()
-    for _, path in files:
-        os.replace(path.with_name(path.name + ".tmp"), path)
+            list(_fsync_pool().map(os.fsync, descriptors))
+        while descriptors:
+            os.close(descriptors.pop())  # a network file system may report a failed write only here
+        for (_, path), temporary in zip(files, temporaries):
+            os.replace(temporary, path)
+    except BaseException:
+        for descriptor in descriptors:
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+        for temporary in temporaries:
+            temporary.unlink(missing_ok=True)  # those renamed are gone already
+        raise
+
+
+#: A new file, for writing only, that must not exist (a temporary name is never another process's file).
+_EXCLUSIVE_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+
+
+def temporary_name(path: Path) -> Path:
+    """``<name>.<pid>-<8 random hex digits>.tmp`` beside ``path``: unique to this process and this write."""
+    return path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a write may take fewer bytes than given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view) :]
 
 
 _POOL = None

@@ -496,8 +496,9 @@ def test_checkpoint_sync_decides_the_fsyncs_and_both_resume_bit_identically(refe
     with pytest.raises(Interrupt):
         run(interrupt_at_step_57)
     # 5 writes by step 50 (every 10 steps): 5 indexes and 1 chunk (the draws of steps 41-50, the only sampling
-    # steps written), each fsync-ed with sync; no other file (the minibatch state is in the index, no tables)
-    assert len(calls) == (6 if sync else 0)
+    # steps written), each fsync-ed with sync; no other file (the minibatch state is in the index, no tables);
+    # and before the first step the probe of the directory's writability, written as a checkpoint is
+    assert len(calls) == (1 + 6 if sync else 0)
     resumed = run()
     _equal_runs(reference_run.get_samples(group_by_chain=True), reference_run.sample_stats,
                 resumed.get_samples(group_by_chain=True), resumed.sample_stats)  # fmt: skip
