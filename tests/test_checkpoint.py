@@ -458,7 +458,10 @@ def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_pat
     assert max(sampling) - min(sampling) < 64, indexes
 
 
-def test_a_fresh_start_removes_the_old_chunks(tmp_path):
+def test_a_fresh_start_moves_the_old_chunks_aside(tmp_path):
+    """``resume=False``: the new run's chunks alone at the path; the old ones, with their index, in the backup."""
+    from pyro_sgmcmc.run.checkpoint_directory import backups
+
     path = tmp_path / "run.ckpt"
     script.run(checkpoint=path, every=7)
     before = sorted(p.name for p in chunk_directory(path).iterdir())
@@ -470,6 +473,9 @@ def test_a_fresh_start_removes_the_old_chunks(tmp_path):
     after = sorted(p.name for p in chunk_directory(path).iterdir())
     assert before != after
     assert after == [f"{s:012d}-{s + 10:012d}.pt" for s in range(0, script.SETTINGS["num_samples"], 10)]
+    (backup,) = backups(path)
+    assert sorted(p.name for p in chunk_directory(backup).iterdir()) == before
+    assert torch.load(backup, weights_only=True)["steps_done"] == FULL
 
 
 @pytest.mark.parametrize("sync", [True, False])

@@ -61,14 +61,17 @@ class CheckpointLock:
     Examples
     --------
     >>> import tempfile, pathlib
-    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.ckpt"
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> path = pathlib.Path(directory.name) / "run.ckpt"
     >>> lock = CheckpointLock(path)
     >>> CheckpointLock(path)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     pyro_sgmcmc.checkpoint_errors.CheckpointInUse: checkpoint .../run.ckpt is in use by another run (process ...
     >>> lock.release()
-    >>> CheckpointLock(path).release()
+    >>> with CheckpointLock(path):  # free again: a run that ends releases it
+    ...     pass
+    >>> directory.cleanup()
     """
 
     def __init__(self, path: Path) -> None:
