@@ -192,20 +192,13 @@ def test_a_move_aside_killed_between_its_two_renames_is_finished_by_the_next_fre
     _equal_runs(old, again)
 
 
-def test_chunks_no_index_lists_are_removed_by_a_fresh_start(tmp_path):
-    """Chunks of a run killed between its first chunk and its first index (no backup holds them) are removed."""
+# ---------------------------------------------------------------------- what killed runs left
+def test_a_fresh_start_removes_unlisted_chunks_and_stale_temporary_files_and_nothing_else(tmp_path):
+    """Chunks no index lists (a run killed between its first chunk and its first index, no backup holding them)
+    and the temporary files of killed writes are removed by the next holder of the lock; other files stay."""
     path = tmp_path / "run.ckpt"
     chunk_directory(path).mkdir()
-    orphan = chunk_directory(path) / "000000000000-000000000010.pt"
-    orphan.write_bytes(b"not listed by any index")
-    _mcmc(path, every=1000).run(*script.data())  # one write, at the end
-    assert sorted(p.name for p in chunk_directory(path).iterdir()) == ["000000000000-000000000060.pt"]
-
-
-# ---------------------------------------------------------------------- stale temporary files
-def test_the_temporary_files_of_killed_writes_are_removed_and_nothing_else(tmp_path):
-    path = tmp_path / "run.ckpt"
-    chunk_directory(path).mkdir()
+    (chunk_directory(path) / "000000000000-000000000010.pt").write_bytes(b"not listed by any index")
     stale = [
         tmp_path / "run.ckpt.tmp",  # the temporary name of earlier versions
         tmp_path / "run.ckpt.4321-0123abcd.tmp",
@@ -215,7 +208,8 @@ def test_the_temporary_files_of_killed_writes_are_removed_and_nothing_else(tmp_p
     kept = [tmp_path / "run.ckpt.notes.tmp", tmp_path / "other.ckpt.4321-0123abcd.tmp", tmp_path / "run.ckpt.lock2"]
     for file in stale + kept:
         file.write_bytes(b"x")
-    _mcmc(path, every=1000).run(*script.data())
+    _mcmc(path, every=1000).run(*script.data())  # one write, at the end
+    assert sorted(p.name for p in chunk_directory(path).iterdir()) == ["000000000000-000000000060.pt"]
     assert [file.exists() for file in stale] == [False] * len(stale)
     assert all(file.exists() for file in kept)
     assert not lock_path(path).exists()
