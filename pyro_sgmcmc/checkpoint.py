@@ -16,11 +16,13 @@ such a checkpoint is refused, naming its format; so is a format-3 checkpoint, wh
 state per chain: the noise is now keyed Philox, whose state is the seed, the chain ids and the step.)
 
 A write costs ``O(k)`` for the ``k`` steps since the previous one: one new chunk and the small index
-(the kernel's state does not grow with the run). Each file is written to ``<name>.tmp``, flushed,
+(the kernel's state does not grow with the run). Each file is written to a temporary file of its own,
+``<name>.<pid>-<8 random hex digits>.tmp`` (created exclusively: never another process's), flushed,
 ``fsync``-ed (unless ``sync=False``) and renamed over its name (``os.replace`` is atomic on POSIX
 and Windows), the chunk before the index that lists it, so a process killed at any moment leaves a
 complete checkpoint: the previous index with its chunks, or the new one. A chunk written but not yet
-listed is written again, bit for bit the same, by the resumed run.
+listed is written again, bit for bit the same, by the resumed run. A write that fails (a full disk)
+removes its temporary files and renames nothing: the previous checkpoint stays as it was.
 
 On resume every record is verified: a file that is not a checkpoint, a record whose bytes differ
 from its checksum (a flipped byte, an edited field) and a missing or altered chunk are each a
@@ -39,6 +41,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
+from .atomic_write import commit_files, temporary_name
+from .checkpoint_errors import CheckpointError, CheckpointInUse, CheckpointMismatch, CheckpointWriteError
+
 __all__ = [
     "save_checkpoint",
     "load_checkpoint",
@@ -51,7 +56,11 @@ __all__ = [
     "checksums",
     "check_serialisable",
     "expected_draws",
+    "temporary_name",
+    "CheckpointError",
     "CheckpointMismatch",
+    "CheckpointInUse",
+    "CheckpointWriteError",
 ]
 
 #: 4: no generator states (the noise is keyed Philox: its state is the seed, chain ids and step); 3 held a
@@ -63,10 +72,6 @@ _EARLIER_FORMATS = {
     3: "with a torch.Generator state per chain, whose noise streams this version (keyed Philox) does not continue",
 }
 _SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
-
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint cannot be resumed: other settings, a damaged or altered record, or not a checkpoint."""
 
 
 # ---------------------------------------------------------------------- records and checksums
@@ -120,7 +125,7 @@ def check_serialisable(payload: Any, what: str = "the checkpoint") -> None:
 
 # ---------------------------------------------------------------------- files
 def _write_atomically(data: bytes, path: Path, sync: bool = True, pending: Optional[list] = None) -> None:
-    """Write to ``<path>.tmp`` then rename over ``path``: a killed process leaves the old file or the new one.
+    """Write to a temporary file then rename it over ``path``: a killed process leaves the old file or the new one.
 
     With ``sync`` the data are ``fsync``-ed before the rename, so that after a power failure or an
     operating-system crash the renamed file is not empty or torn either (the directory entry itself is
@@ -131,42 +136,6 @@ def _write_atomically(data: bytes, path: Path, sync: bool = True, pending: Optio
         pending.append((data, path))
         return
     commit_files([(data, path)], sync)
-
-
-def commit_files(files: List[Tuple[bytes, Path]], sync: bool = True) -> None:
-    """Write several files atomically, renamed in the order given (a checkpoint: chunk, then index).
-
-    Every file is written to its ``.tmp`` first; with ``sync`` all are ``fsync``-ed *concurrently* (the
-    file system commits them together: one disk flush's latency instead of one per file), and only then
-    renamed, one after the other, so that the index never names a file that is not complete.
-    """
-    handles = []
-    try:
-        for data, path in files:
-            handle = open(path.with_name(path.name + ".tmp"), "wb")
-            handles.append(handle)
-            handle.write(data)
-            handle.flush()
-        if sync:
-            list(_fsync_pool().map(lambda h: os.fsync(h.fileno()), handles))
-    finally:
-        for handle in handles:
-            handle.close()
-    for _, path in files:
-        os.replace(path.with_name(path.name + ".tmp"), path)
-
-
-_POOL = None
-
-
-def _fsync_pool():
-    """Threads for concurrent ``fsync`` (they wait on the disk, not the CPU)."""
-    global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyro_sgmcmc-fsync")
-    return _POOL
 
 
 def _serialise(payload: Any) -> bytes:

@@ -458,7 +458,10 @@ def test_each_write_adds_one_chunk_of_the_new_draws_and_rewrites_nothing(tmp_pat
     assert max(sampling) - min(sampling) < 64, indexes
 
 
-def test_a_fresh_start_removes_the_old_chunks(tmp_path):
+def test_a_fresh_start_moves_the_old_chunks_aside(tmp_path):
+    """``resume=False``: the new run's chunks alone at the path; the old ones, with their index, in the backup."""
+    from pyro_sgmcmc.run.checkpoint_directory import backups
+
     path = tmp_path / "run.ckpt"
     script.run(checkpoint=path, every=7)
     before = sorted(p.name for p in chunk_directory(path).iterdir())
@@ -470,6 +473,9 @@ def test_a_fresh_start_removes_the_old_chunks(tmp_path):
     after = sorted(p.name for p in chunk_directory(path).iterdir())
     assert before != after
     assert after == [f"{s:012d}-{s + 10:012d}.pt" for s in range(0, script.SETTINGS["num_samples"], 10)]
+    (backup,) = backups(path)
+    assert sorted(p.name for p in chunk_directory(backup).iterdir()) == before
+    assert torch.load(backup, weights_only=True)["steps_done"] == FULL
 
 
 @pytest.mark.parametrize("sync", [True, False])
@@ -496,8 +502,9 @@ def test_checkpoint_sync_decides_the_fsyncs_and_both_resume_bit_identically(refe
     with pytest.raises(Interrupt):
         run(interrupt_at_step_57)
     # 5 writes by step 50 (every 10 steps): 5 indexes and 1 chunk (the draws of steps 41-50, the only sampling
-    # steps written), each fsync-ed with sync; no other file (the minibatch state is in the index, no tables)
-    assert len(calls) == (6 if sync else 0)
+    # steps written), each fsync-ed with sync; no other file (the minibatch state is in the index, no tables);
+    # and before the first step the probe of the directory's writability, written as a checkpoint is
+    assert len(calls) == (1 + 6 if sync else 0)
     resumed = run()
     _equal_runs(reference_run.get_samples(group_by_chain=True), reference_run.sample_stats,
                 resumed.get_samples(group_by_chain=True), resumed.sample_stats)  # fmt: skip

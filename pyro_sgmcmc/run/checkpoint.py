@@ -5,6 +5,12 @@ The files and their guarantees (atomic writes, hash chain, verified reads) are t
 kept since the previous write, the kernel's state in the index (its minibatch streams are keyed
 permutations: a few integers per chain and plate, no table), and the run's *fingerprint*, the
 settings that change the draws, which a resuming run must share.
+
+One run writes a checkpoint at a time, and the directory is checked before the first step
+(:func:`open_checkpoint`): the run holds the path's lock (:mod:`~pyro_sgmcmc.run.checkpoint_lock`) until
+:meth:`RunCheckpoint.close`, its directory is probed (:mod:`~pyro_sgmcmc.run.checkpoint_directory`), and a
+write that fails later (a full disk) is a :class:`~pyro_sgmcmc.checkpoint.CheckpointWriteError` naming the
+path that leaves the last complete checkpoint as it was.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ import torch
 
 from ..checkpoint import (
     CheckpointMismatch,
+    CheckpointWriteError,
     check_serialisable,
-    clear_chunks,
     commit_files,
     load_checkpoint,
     read_chunks,
@@ -28,18 +34,34 @@ from ..checkpoint import (
 from ..draws import DrawStore
 from ..kernels.base import SGMCMCKernel
 from ..kernels.configuration import tensor_digest
+from .checkpoint_directory import check_writable, prepare_fresh_start, remove_stale_temporaries
+from .checkpoint_lock import CheckpointLock
 from .length import RunLength
 
 __all__ = ["RunCheckpoint", "open_checkpoint", "fingerprint"]
 
 
 def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume: bool, sync: bool) -> "RunCheckpoint":
-    """The run's checkpoint at ``path``. With ``resume`` and a file there its index is read and verified now
+    """The run's checkpoint at ``path``, held by this run until :meth:`RunCheckpoint.close`.
+
+    Its directory is probed (:func:`~pyro_sgmcmc.run.checkpoint_directory.check_writable`: a
+    :class:`~pyro_sgmcmc.checkpoint.CheckpointWriteError` naming the path if it cannot be written), its lock
+    taken (:class:`~pyro_sgmcmc.run.checkpoint_lock.CheckpointLock`: a
+    :class:`~pyro_sgmcmc.checkpoint.CheckpointInUse` naming the holder if another run has it), the temporary
+    files of killed writes removed. With ``resume`` and a file there its index is read and verified now
     (:meth:`RunCheckpoint.load`): a checkpoint of other settings is refused before the chains' set-up, and a
-    matching one then restores them (:meth:`RunCheckpoint.restore`) instead of it (:meth:`RunCheckpoint.start`)."""
+    matching one then restores them (:meth:`RunCheckpoint.restore`) instead of it (:meth:`RunCheckpoint.start`).
+    """
+    check_writable(path, sync)
     checkpoint = RunCheckpoint(path, fingerprint, sync)
-    if resume and path.exists():
-        checkpoint.load(length)
+    checkpoint.lock = CheckpointLock(path)
+    try:
+        remove_stale_temporaries(path)
+        if resume and path.exists():
+            checkpoint.load(length)
+    except BaseException:
+        checkpoint.close()
+        raise
     return checkpoint
 
 
@@ -85,26 +107,60 @@ class RunCheckpoint:
         self.written = 0  # draws already in chunk files
         self.steps_done = 0
         self.saved: Optional[dict] = None  # the verified index of the checkpoint being resumed, until restored
+        self.lock: Optional[CheckpointLock] = None  # held from open_checkpoint to close
+        self.on_disk: Optional[int] = None  # the step of this run's last complete checkpoint at path (None: none)
+        self.moved_to: Optional[Path] = None  # where a fresh start moved the checkpoint it found (move_aside)
 
     def write(self, steps_done: int, phase: str, kernel: SGMCMCKernel, store: DrawStore) -> None:
         """One chunk with the draws since the last write (O(k)), then the index: written together (their
-        fsyncs concurrent), renamed in that order."""
+        fsyncs concurrent), renamed in that order.
+
+        A write that fails (``OSError``: a full disk, a directory removed) renames nothing and raises
+        :class:`~pyro_sgmcmc.checkpoint.CheckpointWriteError` naming the path and the last complete
+        checkpoint, which stays as it was (the run's draws stay in memory: see :mod:`~pyro_sgmcmc.run.loop`).
+        """
         pending: list = []
         last_chunk = self.last_chunk
-        if store.count > self.written:
-            positions, stats = store.filled(self.written)
-            last_chunk = write_chunk(self.path, self.written, positions, stats, last_chunk, pending=pending)
-        state = kernel.state_dict()
-        payload = {
-            "fingerprint": self.fingerprint,
-            "steps_done": steps_done,
-            "phase": phase,
-            "kernel": state,
-            "last_chunk": last_chunk,
-        }
-        save_checkpoint(payload, self.path, pending=pending)
-        commit_files(pending, self.sync)
+        try:
+            if store.count > self.written:
+                positions, stats = store.filled(self.written)
+                last_chunk = write_chunk(self.path, self.written, positions, stats, last_chunk, pending=pending)
+            state = kernel.state_dict()
+            payload = {
+                "fingerprint": self.fingerprint,
+                "steps_done": steps_done,
+                "phase": phase,
+                "kernel": state,
+                "last_chunk": last_chunk,
+            }
+            save_checkpoint(payload, self.path, pending=pending)
+            commit_files(pending, self.sync)
+        except OSError as error:
+            raise self._write_error(error, steps_done) from error
         self.last_chunk, self.written, self.steps_done = last_chunk, store.count, steps_done
+        self.on_disk = steps_done
+
+    def _write_error(self, error: OSError, steps_done: int) -> CheckpointWriteError:
+        """The error of a failed write at ``steps_done``: the path, the cause, what is left and where."""
+        cause = f"{type(error).__name__}: {error.strerror or error}" + (f": {error.filename}" if error.filename else "")
+        if self.on_disk is not None:
+            left = (
+                f"the last complete checkpoint, of step {self.on_disk}, is intact: once the cause is fixed, run() "
+                "with the same settings resumes from it"
+            )
+        else:
+            left = "no checkpoint of this run had been written yet, so there is none to resume from"
+        return CheckpointWriteError(
+            error.errno,
+            f"checkpoint {self.path}: writing the checkpoint of step {steps_done} failed ({cause}); {left}. "
+            "The draws so far are kept in memory (mcmc.partial, mcmc.get_samples())",
+            self.path,
+        )
+
+    def close(self) -> None:
+        """Release the path's lock (nothing if not held): at the end of the run, however it ends."""
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def resuming(self) -> bool:
@@ -112,10 +168,20 @@ class RunCheckpoint:
         return self.saved is not None
 
     def start(self, kernel: SGMCMCKernel) -> None:
-        """A fresh run (its chains set up): check that their state can be saved, remove earlier draw chunks."""
+        """A fresh run (its chains set up): check that their state can be saved; move a checkpoint found at the
+        path aside (``resume=False``: :func:`~pyro_sgmcmc.run.checkpoint_directory.prepare_fresh_start`, which
+        also removes chunks no index lists)."""
         # before any step: a state that cannot be saved and read back safely is an error now, not at the first write
         check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
-        clear_chunks(self.path)
+        try:
+            self.moved_to = prepare_fresh_start(self.path)
+        except OSError as error:
+            raise CheckpointWriteError(
+                error.errno,
+                f"checkpoint {self.path}: the checkpoint there could not be moved aside for a fresh start "
+                f"({type(error).__name__}: {error}): nothing was run",
+                self.path,
+            ) from error
 
     def load(self, length: RunLength) -> None:
         """Read and verify the index (records, fingerprint, step counter): before the chains' set-up."""
@@ -129,7 +195,7 @@ class RunCheckpoint:
         state = saved.get("kernel")
         if not isinstance(state, dict) or not isinstance(state.get("minibatches"), dict):
             raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
-        self.saved = saved
+        self.saved, self.on_disk = saved, steps_done
 
     def restore(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength) -> None:
         """The loaded checkpoint's draws into ``store`` and its chains into ``kernel`` (prepared with

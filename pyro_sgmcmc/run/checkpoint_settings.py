@@ -58,7 +58,12 @@ class CheckpointSettings:
         random-generator state and minibatch cursor, divergence records) to it, atomically, and the
         draws kept since the previous write to a new chunk file in ``<path>.draws/`` (a write costs
         O(k) in the draws since the last one, see :mod:`pyro_sgmcmc.checkpoint`). The final checkpoint
-        is kept.
+        is kept. One run writes a path at a time: while a run holds it (its lock, ``<path>.lock``),
+        another is refused with :class:`~pyro_sgmcmc.checkpoint.CheckpointInUse` naming its process
+        and host. The directory is checked when the run starts (a probe file is written and
+        removed): one that cannot be written is a :class:`~pyro_sgmcmc.checkpoint.CheckpointWriteError`
+        naming the path before any step; so is a later write that fails (a full disk), which leaves
+        the last complete checkpoint as it was and the draws so far in memory.
     every : int, default 1000
         Steps between checkpoints, a positive integer: a process killed at any moment loses at most
         this many steps.
@@ -67,7 +72,9 @@ class CheckpointSettings:
         settings), continue from it: the draws are then bit-identical to those of an uninterrupted
         run. A file from a run with other settings, or one that is damaged or edited, raises
         :class:`~pyro_sgmcmc.checkpoint.CheckpointMismatch` naming what differs. ``False`` starts
-        afresh and overwrites the file.
+        afresh: a checkpoint found at ``path`` is moved aside, whole, to ``<path>.replaced-<UTC
+        time>`` (with its chunks, ``<path>.replaced-<UTC time>.draws``; ``checkpoint=`` that path
+        resumes it) just before the first step.
     sync : bool, default True
         ``fsync`` each checkpoint file before it replaces the previous one, so that it survives a power
         failure or an operating-system crash too. ``False`` skips it: a write then costs no disk

@@ -92,6 +92,7 @@ class ChainRun:
         self.hook_fn, self.checkpoint, self.disable_progbar = hook_fn, checkpoint, disable_progbar
         self.save_params, self.transforms = save_params, transforms  # the sites kept, and back to their support
         self.steps_done, self.phase = 0, "set-up"  # where the run is: steps completed, and the stage of the next
+        self.writer: Optional[RunCheckpoint] = None  # the run's checkpoint, once opened
         self.result = RunResult(None, {}, [None] * chains.num_chains, None, None)
 
     def run(self, args: tuple, kwargs: dict) -> RunResult:
@@ -100,12 +101,13 @@ class ChainRun:
         An exception (``KeyboardInterrupt`` included) is re-raised after :attr:`result` has recorded
         the draws kept so far and where the run stopped.
         """
-        kernel, store = self.kernel, None
+        kernel, store, checkpoint = self.kernel, None, None
         try:
             chains, length = self.chains, self.length
             layout = {k: v for k, v in vars(chains).items() if k != "initial_params"}
             kernel.prepare_chains(length.warmup_steps, args, kwargs, **layout)  # traces the model
-            checkpoint = self._open_checkpoint()  # one to resume is read and checked now, before the set-up
+            # locked for this run until its end, its directory probed; one to resume is read and checked now
+            checkpoint = self.writer = self._open_checkpoint()
             if checkpoint is not None and checkpoint.resuming:  # restores all the set-up would do: skipped
                 potential = kernel.potential
                 store = DrawStore(chains.num_chains, length.num_kept, potential.dim, potential.dtype, potential.device)
@@ -122,6 +124,9 @@ class ChainRun:
         except BaseException as error:
             self._stop(store, error)
             raise
+        finally:
+            if checkpoint is not None:
+                checkpoint.close()  # the path's lock, released however the run ends
         self.result = self._keep(store, None)
         kernel.cleanup()
         return self.result
@@ -169,6 +174,13 @@ class ChainRun:
         checkpoint = self.checkpoint
         return open_checkpoint(checkpoint.path, settings, self.length, resume=checkpoint.resume, sync=checkpoint.sync)
 
+    def _resumable_checkpoint(self, error: BaseException) -> Optional[str]:
+        """The path of a checkpoint of this run that ``run()`` can resume after ``error`` (``None``: none)."""
+        writer = self.writer
+        if writer is None or writer.on_disk is None or isinstance(error, CheckpointMismatch):
+            return None
+        return str(writer.path)
+
     def _keep(self, store: DrawStore, partial: Optional[PartialRun]) -> RunResult:
         """The stored draws (constrained), their statistics and the per-chain diagnostics."""
         kernel = self.kernel
@@ -191,7 +203,7 @@ class ChainRun:
             num_draws=0 if store is None else store.count,
             num_samples=self.length.num_kept,
             error=f"{type(error).__name__}: {error}".rstrip(": "),
-            checkpoint_path=None if self.checkpoint is None else str(self.checkpoint.path),
+            checkpoint_path=self._resumable_checkpoint(error),
             phase=self.phase,
         )
         # a refused checkpoint may have filled the store with draws it then rejected: they are not kept
