@@ -145,7 +145,9 @@ class Cyclical(Schedule):
         default) only where the warmup starts, and the peak of each chain's cycle is then *exactly its adapted
         step size* (the largest step the warmup judges stable and accurate for that chain), so that nothing
         needs tuning; with ``adapt_step_size=False`` (or no adaptation: ``temperature=0``, a short warmup) the
-        peak itself. Default 1e-3, the kernels' default step size.
+        peak itself. Default 1e-3, the kernels' default step size. A stable peak does not throw a chain out of
+        a mode's basin: to hop between separated modes give a peak beyond the stable step, with
+        ``adapt_step_size=False`` (:doc:`/gallery/cyclical_mixture`).
     start : int
         :math:`t_0`, the first sampling step; the kernel sets it to its ``warmup_steps``
         (:meth:`starting_at`). Default 0.
