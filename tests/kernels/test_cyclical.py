@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pyro_sgmcmc import MCMC, SGHMC, SGLD, SGNHT, CheckpointSettings, Cyclical, to_inference_data
+from pyro_sgmcmc.chains.minibatch import MinibatchSampler
 
 from .. import reliability_script as script
 from .test_sgd_equivalence import _data, _run_kernel, logistic_model, normalised_potential
@@ -67,6 +68,51 @@ def test_sgld_exploration_is_gradient_descent(float64):
         w = (w - schedule(t) * grad).detach().requires_grad_(True)
         assert torch.allclose(ours[t], w, rtol=0, atol=1e-12), t
     assert (ours[25] - (w - schedule(25) * torch.autograd.grad(normalised_potential(w, x, y), w)[0])).abs().max() > 1e-4
+
+
+def subsampled_logistic_model(x, y):
+    w = pyro.sample("w", dist.Normal(torch.zeros(x.shape[1]), 2.0).to_event(1))
+    with pyro.plate("data", x.shape[0], subsample_size=20) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
+
+
+def test_sghmc_exploration_is_sgd_with_momentum_on_the_same_minibatches(float64, monkeypatch):
+    """As above, on minibatches of 20 of 200 rows: the minibatches the kernel draws are recorded, and PyTorch's SGD
+    takes its steps on the same ones (the minibatch potential ``-(log prior + N / B * sum of the B
+    log-likelihoods)``, divided by ``N``). The kernel's step ``t`` moves with the gradient at its current point on
+    the minibatch drawn for that point: the set-up's first, then one per step."""
+    drawn = []
+    original = MinibatchSampler.next
+
+    def recording(self):
+        indices = original(self)
+        drawn.append(indices["data"][0].clone())
+        return indices
+
+    monkeypatch.setattr(MinibatchSampler, "next", recording)
+    x, y = _data()
+    w0 = torch.tensor([0.3, -0.2, 0.1])
+    schedule = Cyclical(num_cycles=2, num_steps=200, exploration=0.6, peak=0.3)
+    friction, mass = 2.0, 1.5
+    kernel = SGHMC(subsampled_logistic_model, step_size=schedule, friction=friction, mass=mass, control_variate=None,
+                   adapt_step_size=False, adapt_mass_matrix=False, jit_compile=False)  # fmt: skip
+    ours = _run_kernel(kernel, x, y, w0, 60)
+    assert len(drawn) == 61 and not torch.equal(drawn[0], drawn[1])  # set-up's, then one per step: all differ
+
+    w = w0.clone().requires_grad_(True)
+    optimizer = torch.optim.SGD([w], lr=1.0, momentum=0.5, dampening=0.5)
+    optimizer.state[w]["momentum_buffer"] = torch.zeros_like(w)
+    n = x.shape[0]
+    for t in range(60):  # all exploration steps (r = t / 100 < 0.6)
+        eps, rows = schedule(t), drawn[t]
+        optimizer.param_groups[0].update(lr=eps / mass, momentum=1 - eps * friction / mass, dampening=1 - eps)
+        optimizer.zero_grad()
+        prior = torch.distributions.Normal(0.0, 2.0).log_prob(w).sum()
+        likelihood = torch.distributions.Bernoulli(logits=x[rows] @ w).log_prob(y[rows]).sum() * n / len(rows)
+        (-(prior + likelihood) / n).backward()
+        optimizer.step()
+        assert torch.allclose(ours[t], w.detach(), rtol=0, atol=1e-10), (t, (ours[t] - w).abs().max())
+    assert (w.detach() - w0).abs().max() > 0.1  # it moves
 
 
 def _subsampled_kernel(kernel_class, temperature, schedule, **kwargs):
