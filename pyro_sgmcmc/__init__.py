@@ -22,7 +22,7 @@ from .kernels import (
 )
 from .mcmc import MCMC, CheckpointSettings, PartialRun, PartialRunWarning, RunNotFinished
 from .model.potential import ModelError, ModelPotential
-from .schedules import Constant, RobbinsMonro, Schedule, make_schedule
+from .schedules import Constant, Cyclical, RobbinsMonro, Schedule, make_schedule
 
 __version__ = "0.1.0"
 
@@ -34,5 +34,5 @@ __all__ = [
     "SlowMixingWarning",
     "ModelPotential", "ModelError",
     "AutoLaplace", "LaplaceApproximation", "AutoDiagVI", "TemperedELBO",
-    "Schedule", "Constant", "RobbinsMonro", "make_schedule", "retain_freed_cpu_memory",
+    "Schedule", "Constant", "RobbinsMonro", "Cyclical", "make_schedule", "retain_freed_cpu_memory",
 ]  # fmt: skip

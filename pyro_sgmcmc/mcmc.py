@@ -50,6 +50,7 @@ from .run.partial import PartialRun, PartialRunWarning, RunNotFinished
 from .run.pyro_chains import SampleRecorder, stopped_parallel_run
 from .run.readers import Draws
 from .run.sequential import SequentialRun
+from .schedules import Schedule
 
 __all__ = ["MCMC", "CheckpointSettings", "PartialRun", "PartialRunWarning", "RunNotFinished"]
 
@@ -270,6 +271,11 @@ disable_validation, transforms, save_params :
             if recorder is not None:
                 recorder.start()  # the copies are no longer needed
         samples = sampler.get_samples(group_by_chain=True)
+        schedule = getattr(self.kernel, "step_size", None)
+        if isinstance(schedule, Schedule) and schedule.staged:  # the sampling stages' draws only, as elsewhere
+            schedule = schedule.starting_at(self.warmup_steps)
+            keep = [schedule.sampling_stage(self.warmup_steps + j) for j in range(self.num_samples)]
+            samples = {name: value[:, keep] for name, value in samples.items()}
         self.draws = Draws(samples, pyro_chain_diagnostics(sampler), args, kwargs)
         self.transforms = sampler.transforms
 

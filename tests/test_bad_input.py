@@ -22,7 +22,7 @@ def test_unknown_schedule():
     with pytest.raises(ValueError, match=r"step_size must be a positive float, a Schedule.*make_schedule"):
         SGLD(model, step_size="cosine")
     with pytest.raises(
-        ValueError, match=r"unknown step-size schedule 'cosine'; accepted: \['constant', 'robbins_monro'\]"
+        ValueError, match=r"unknown step-size schedule 'cosine'; accepted: \['constant', 'cyclical', 'robbins_monro'\]"
     ):
         make_schedule("cosine")
     with pytest.raises(ValueError, match=r"gamma must be in \(0.5, 1\]"):

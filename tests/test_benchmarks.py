@@ -80,3 +80,20 @@ def test_threads_benchmark_compares_one_thread_with_another_at_tiny_size(tmp_pat
     # every printed figure line carries the thread count and the load beside it
     assert any("2 threads / 1 thread" in line and "load" in line for line in results["log"])
     assert meta["seconds"] < 10  # the script's promise for --tiny (1.4 s measured at load 2.7)
+
+
+def test_cyclical_mixture_benchmark_runs_at_tiny_size_and_writes_its_results(tmp_path):
+    out = tmp_path / "cyclical.json"
+    args = [str(ROOT / "benchmarks" / "cyclical_mixture.py"), "--tiny", "--out", str(out)]
+    done = _run(args, tmp_path, 300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["meta"]["tiny"] is True and results["meta"]["mmd2_noise"] > 0
+    rows = {row["sampler"]: row for row in results["results"]}
+    assert {"constant 0.05", "cyclical 0.09, beta 0.25", "cyclical, adapted peak"} <= set(rows)
+    for row in rows.values():
+        assert 1 <= row["modes_all_chains"] <= 25 and row["gradient_evaluations_per_chain"] >= 660
+    # a cyclical run returns its sampling stages' draws only: 3/4 of 600 steps, 1/2 with beta = 0.5
+    assert rows["cyclical 0.09, beta 0.25"]["draws_per_chain"] == 450
+    assert rows["cyclical 0.09, beta 0.5"]["draws_per_chain"] == 300
+    assert rows["constant 0.05"]["draws_per_chain"] == 600

@@ -59,7 +59,9 @@ def to_inference_data(
     arviz.InferenceData
         ``posterior`` (dims ``chain``, ``draw``, ...; a ``superchain`` coordinate on ``chain``),
         ``sample_stats`` (``lp``, ``step_size``, ``diverging``: ArviZ's meanings; ``temperature``,
-        ``kinetic_energy``, ``thermostat``: ours), and the requested data groups.
+        ``kinetic_energy``, ``thermostat``: ours; ``sampling_stage`` and ``cycle`` with a
+        :class:`~pyro_sgmcmc.Cyclical` schedule, whose exploration draws are not returned: both groups then
+        say so in their ``draws_kept`` attribute), and the requested data groups.
 
     Examples
     --------
@@ -127,8 +129,12 @@ def to_inference_data(
     idata = az.from_dict(**groups, coords=coords, dims=dims)
     superchains = np.asarray(getattr(mcmc, "superchain_ids", torch.arange(num_chains)))
     partial = getattr(mcmc, "partial", None)
+    # a cyclical schedule under pyro_sgmcmc.MCMC: only the sampling stages' draws are kept (pyro.infer.MCMC keeps all)
+    staged = kernel.step_size if kernel.step_size.staged and isinstance(mcmc, MCMC) else None
     for group in ("posterior", "sample_stats"):
         setattr(idata, group, getattr(idata, group).assign_coords(superchain=("chain", superchains)))
+        if staged is not None:
+            getattr(idata, group).attrs["draws_kept"] = f"sampling stages only (sampling_stage), of {staged!r}"
         if partial is not None:  # an interrupted run: its draws, marked as such
             getattr(idata, group).attrs["partial_run"] = partial.describe()
     return idata

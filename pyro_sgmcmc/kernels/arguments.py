@@ -17,7 +17,7 @@ import re
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
-from ..schedules import Constant
+from ..schedules import Constant, Cyclical
 
 __all__ = [
     "RENAMED_ARGUMENTS",
@@ -205,7 +205,7 @@ def check_adaptation(step_size, adapt_step_size, adapt_mass_matrix, full_mass) -
         raise TypeError(f"full_mass must be None (dense for dim <= 64), True or False; got {full_mass!r}")
     if full_mass and not adapt_mass_matrix:
         raise ValueError("full_mass=True needs adapt_mass_matrix=True (the dense mass matrix is adapted in warmup)")
-    if adapt_step_size and step_size is not None and not isinstance(step_size, (numbers.Real, Constant)):
+    if adapt_step_size and step_size is not None and not isinstance(step_size, (numbers.Real, Constant, Cyclical)):
         raise ValueError(
             "a step-size schedule cannot be adapted: pass adapt_step_size=False with a schedule or callable "
             f"step_size, or a float (the initial step size) with adapt_step_size=True; got {step_size!r}"

@@ -333,7 +333,8 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         """Statistics of the last step, per chain (tensors of shape ``(num_chains,)``).
 
         ArviZ's names where they apply (``lp``, ``step_size``, ``diverging``), plain names for the
-        rest (``temperature``; ``kinetic_energy`` and ``thermostat`` where the kernel has them).
+        rest (``temperature``; ``kinetic_energy`` and ``thermostat`` where the kernel has them;
+        ``sampling_stage`` and ``cycle`` with a :class:`~pyro_sgmcmc.Cyclical` schedule).
         ``lp`` is the minibatch estimate of the log density in unconstrained space.
         """
         num_chains = self.state.position.shape[0]
@@ -351,6 +352,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
             "num_divergences": self.divergence_record.num_divergences.clone(),
         }
         stats.update(self._auxiliary_stats(self.state))
+        stats.update(self.step_size.stage_stats(self.state.step - 1, num_chains, options["device"]))  # its stage
         return stats
 
     @property

@@ -227,6 +227,7 @@ class BatchedChains:
     def _start(self, state: SGMCMCState, warmup_steps: int) -> None:
         """The chains start from ``state``: the noise buffer, divergence record, warmup and first step size."""
         self.state = state
+        self.step_size = self.step_size.starting_at(warmup_steps)  # a cyclical schedule counts from sampling
         positions = state.position
         # the step's noise buffer (no step keeps its noise): T = 0 draws none
         self._noise = torch.empty_like(positions) if self.noise_temperature > 0 else None
@@ -308,7 +309,7 @@ class BatchedChains:
         """The standard normal noise of step ``step`` in the kernel's buffer (``None`` at ``T = 0``): a function of
         ``(seed, chain, step)`` alone (:mod:`~pyro_sgmcmc.chains.philox`), so a replay of a step draws its noise
         again."""
-        if self._noise is None:
+        if self._noise is None or self.step_size.explores(step):  # a cyclical schedule's exploration: none
             return None
         return self.generators.fill_normal(self._noise, step=step)
 
@@ -319,12 +320,16 @@ class BatchedChains:
         )
         if parameters.step_size is None and isinstance(self.step_size, Constant):  # no schedule to call each step
             parameters = parameters.replace(step_size=self.step_size(self.state.step))
+        schedule = self.step_size
+        if schedule.staged:  # called each step; the cycle's peak is each chain's adapted step size, if adapted
+            schedule = schedule if parameters.step_size is None else schedule.with_peak(parameters.step_size)
+            parameters = parameters.replace(step_size=None)
         record = self.divergence_record
         if self.on_divergence == "freeze" and self.state.frozen is None:  # a mask from now on: one shape
             frozen = record.frozen if record.frozen is not None else torch.zeros_like(record.none)
             self.state = self.state.replace(frozen=frozen)
         self._sampling = SamplingRun(
-            self.dynamics(), parameters, self.step_size, self.warmup.warmup_steps, self._draw_noise, record,
+            self.dynamics(), parameters, schedule, self.warmup.warmup_steps, self._draw_noise, record,
             self.potential, self.state, capture=self._capture(parameters),
         )  # fmt: skip
         return self._sampling
@@ -332,6 +337,13 @@ class BatchedChains:
     def _capture(self, parameters) -> Optional[Callable]:
         """With ``cuda_graph=True`` on a CUDA device: how to record the sampling step (``kernels/capture.py``)."""
         if not getattr(self, "cuda_graph", False):
+            return None
+        if self.step_size.staged:  # exploration steps draw no noise: a step the recording cannot switch
+            warnings.warn(
+                "cuda_graph=True is not applied with a staged schedule (Cyclical): its exploration steps inject no "
+                "noise, so the sampling step is not one recorded function; it runs eagerly",
+                capture.CaptureFallback, stacklevel=5,
+            )  # fmt: skip
             return None
         graph = self.state.position.is_cuda
         if not graph and not capture.STATIC_STEP_ON_CPU:

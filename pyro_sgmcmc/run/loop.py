@@ -186,6 +186,9 @@ class ChainRun:
         kernel = self.kernel
         potential = kernel.potential
         draws, stats = store.filled()  # views: (chains, draws, dim) and (chains, draws)
+        if "sampling_stage" in stats:  # a cyclical schedule: only the sampling stages' draws (a function of t)
+            keep = stats["sampling_stage"][0]
+            draws, stats = draws[:, keep], {key: value[:, keep] for key, value in stats.items()}
         transforms = kernel.transforms if self.transforms is None else self.transforms
         unconstrained = potential.unpack(draws)
         samples = {
