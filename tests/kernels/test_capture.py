@@ -168,3 +168,13 @@ def test_a_step_that_reads_values_to_the_host_is_named_before_recording():
     for step in (lambda: z.sum().item(), swallowed):
         with pytest.raises(RuntimeError, match="reads values to the host"):
             capture.check_no_host_reads(step, on_cpu=True)
+
+
+def test_a_staged_schedule_is_not_recorded_and_says_so(static_step_on_cpu):
+    """A cyclical schedule switches the noise off in its exploration steps: not one recorded function."""
+    from pyro_sgmcmc.schedules import Cyclical
+
+    schedule = Cyclical(num_cycles=2, num_steps=150, peak=1e-3)
+    mcmc, fallbacks = run(SGLD(regression, step_size=schedule, adapt_step_size=False, cuda_graph=True))
+    assert len(fallbacks) == 1 and "staged schedule" in fallbacks[0]
+    assert mcmc.kernel._sampling.captured is None
