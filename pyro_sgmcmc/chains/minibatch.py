@@ -39,10 +39,13 @@ from ..model.potential import SubsamplePlate
 from .permutation import NUM_ROUNDS, KeyedPermutation, epoch_keys
 from .streams import ChainGenerators
 
-__all__ = ["DRAW_AHEAD", "Block", "MinibatchSampler", "draw", "epoch_orders"]
+__all__ = ["DRAW_AHEAD", "DRAW_AHEAD_ON_DEVICE", "Block", "MinibatchSampler", "draw", "epoch_orders"]
 
 #: About how many positions of the keyed permutations (all chains together) one evaluation covers.
 DRAW_AHEAD = 2**14
+#: The same for chains on a GPU (or any device but the CPU): each evaluation ends in one host read (a device
+#: synchronisation, ``draw``'s check that every row got its values), and large blocks cost little there.
+DRAW_AHEAD_ON_DEVICE = 2**20
 
 
 class Block(NamedTuple):
@@ -109,7 +112,8 @@ class MinibatchSampler:
         The chains' seed and ids, which fix their keys per plate (the generators are not drawn from).
     draw_ahead : int, optional
         About how many positions (all chains together) one evaluation covers, default
-        :data:`DRAW_AHEAD` (read when the sampler is made): whole epochs while ``num_chains * span``
+        :data:`DRAW_AHEAD` (:data:`DRAW_AHEAD_ON_DEVICE` off the CPU; read when the sampler is made): whole
+        epochs while ``num_chains * span``
         fits, else part of one. Any value gives the same indices.
     table_limit : None
         Deprecated, no effect: there are no permutation tables any more.
@@ -146,8 +150,9 @@ class MinibatchSampler:
             raise ValueError(
                 f"draw_ahead must be None or a positive integer (positions per evaluation); got {draw_ahead!r}"
             )
-        self.draw_ahead = DRAW_AHEAD if draw_ahead is None else draw_ahead
         num_chains, device = len(generators), generators.device
+        default = DRAW_AHEAD if torch.device(device).type == "cpu" else DRAW_AHEAD_ON_DEVICE
+        self.draw_ahead = default if draw_ahead is None else draw_ahead
         self.bases = {p.name: _key_bases(generators, p.name) for p in self.plates}
         self.positions: Dict[str, torch.Tensor] = {
             p.name: torch.zeros(num_chains, dtype=torch.long, device=device) for p in self.plates

@@ -25,6 +25,7 @@ keeps the top bits; every product stays below :math:`2^{62}`, inside int64. The 
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -141,6 +142,12 @@ def _broadcast_shape(*shapes: Tuple[int, ...]) -> Tuple[int, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=None)
+def _multipliers(device: torch.device) -> torch.Tensor:
+    """The mixer's multipliers on ``device``, made once (a copy from the host per call is a wait on a GPU)."""
+    return torch.tensor(_MULTIPLIERS, dtype=torch.long, device=device)
+
+
 def epoch_keys(bases: torch.Tensor, epoch) -> torch.Tensor:
     """The round keys of epoch ``epoch`` of each stream, ``(rows, NUM_ROUNDS)`` in ``[0, 2^31)``.
 
@@ -150,8 +157,11 @@ def epoch_keys(bases: torch.Tensor, epoch) -> torch.Tensor:
     ``5 - r``). For one stream, distinct epochs (below :math:`2^{31}`) get distinct keys in every
     round, so its permutations never repeat.
     """
-    multipliers = torch.tensor(_MULTIPLIERS, dtype=torch.long, device=bases.device)
-    epoch = torch.as_tensor(epoch, dtype=torch.long, device=bases.device) & _LOW31
+    multipliers = _multipliers(bases.device)
+    if isinstance(epoch, torch.Tensor):
+        epoch = epoch.to(device=bases.device, dtype=torch.long) & _LOW31
+    else:  # a fill, not a copy from the host (which a GPU waits for)
+        epoch = bases.new_full((), int(epoch) & _LOW31)
     if epoch.dim() == 0:
         epoch = epoch.expand(bases.shape[0], 1)
     return mix31(mix31(epoch, bases[:, 0], multipliers), bases[:, 1], multipliers.flip(0))

@@ -12,7 +12,7 @@ import torch
 from scipy.stats import chi2
 
 import pyro_sgmcmc.chains.minibatch as minibatch
-from pyro_sgmcmc.chains.minibatch import MinibatchSampler, epoch_orders
+from pyro_sgmcmc.chains.minibatch import DRAW_AHEAD_ON_DEVICE, MinibatchSampler, epoch_orders
 from pyro_sgmcmc.chains.permutation import NUM_ROUNDS
 from pyro_sgmcmc.chains.streams import ChainGenerators
 from pyro_sgmcmc.model.potential import SubsamplePlate
@@ -35,7 +35,7 @@ def test_the_stream_is_the_keyed_permutation_however_it_is_drawn_ahead(n, batch,
     reference = torch.stack(
         [epoch_orders(ChainGenerators(0, range(chains)), "data", n, e)[:, : (n // batch) * batch] for e in (1, 2, 3)]
     )
-    for draw_ahead in (1, 50, 2**12, 2**16, 2**18):
+    for draw_ahead in (1, 50, 2**12, 2**16, 2**18, DRAW_AHEAD_ON_DEVICE):  # the last: the default on a GPU
         assert torch.equal(_epochs(_sampler(n, batch, chains, draw_ahead=draw_ahead), n, batch, 3), reference)
 
 
