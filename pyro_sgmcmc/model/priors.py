@@ -188,6 +188,7 @@ class StandardPriors:
         self.sites = frozenset(forms)
         self._last: Dict[str, tuple] = {}  # name -> (fn, its constants) of the last call
         self._expected: Dict[tuple, torch.Tensor] = {}  # deferred names, in order -> their constants
+        self._on_device: Dict[tuple, torch.Tensor] = {}  # (names, dtype) -> those constants on their device
         self._members = [site for site in sites if site.name in self.sites]
         self._inverse_variance = {s.name: 1.0 / forms[s.name].scale[2] ** 2 for s in self._members}
         self._log_normaliser = {
@@ -273,7 +274,10 @@ class StandardPriors:
             except RuntimeError:
                 constants = None
             if constants is not None and constants.device == devices:
-                if torch.equal(constants, constants.new_tensor(values)):
+                reference = self._on_device.get((names, constants.dtype))
+                if reference is None:  # made once: a copy from the host per call is one more wait on a GPU
+                    reference = self._on_device[(names, constants.dtype)] = constants.new_tensor(values)
+                if torch.equal(constants, reference):
                     return None
         return {
             name
