@@ -15,7 +15,9 @@ import math
 import numbers
 import re
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
 
 from ..schedules import Constant, Cyclical
 
@@ -223,6 +225,32 @@ def check_control_variate(control_variate):
     if isinstance(control_variate, str) and control_variate not in ("auto", "map"):
         raise ValueError(f"control_variate must be 'auto', None, 'map' or a dict; got {control_variate!r}")
     return control_variate
+
+
+def check_gradient_estimator(factory, control_variate) -> Optional[Callable]:
+    """``gradient_estimator``: None, or a callable ``potential -> estimator`` (``kernels/gradients.py``); it replaces
+    the control variate, so it cannot be combined with ``control_variate="map"`` or a dict."""
+    if factory is None:
+        return None
+    if not callable(factory):
+        raise TypeError(
+            "gradient_estimator must be None or a callable taking the model's potential (a ModelPotential) and "
+            f"returning an estimator (positions, indices) -> (U, grad U); got {type(factory).__name__}"
+        )
+    if control_variate not in (None, "auto"):
+        shown = repr(control_variate) if isinstance(control_variate, str) else "a dict"
+        raise ValueError(
+            f"gradient_estimator replaces the control variate: pass control_variate=None with it, not {shown} "
+            "(a ControlVariate can be built inside gradient_estimator)"
+        )
+    return factory
+
+
+def mean_value(values) -> float:
+    """The mean of a tensor as a float (one chain: its value, without a reduction); a number as it is."""
+    if not torch.is_tensor(values):
+        return float(values)
+    return float(values) if values.numel() == 1 else float(values.mean())
 
 
 def check_init_to_centre(value, control_variate) -> bool:

@@ -89,12 +89,14 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         on_divergence: str = "restart",
         jit_compile: JitMode = "auto",
         cuda_graph: bool = False,
+        gradient_estimator: Optional[Callable] = None,
         **dynamics,
     ) -> None:
         shared = dict(
             adapt_step_size=adapt_step_size, adapt_mass_matrix=adapt_mass_matrix, full_mass=full_mass,
             init_strategy=init_strategy, temperature=temperature, num_data=num_data, control_variate=control_variate,
             init_to_centre=init_to_centre, on_divergence=on_divergence, jit_compile=jit_compile, cuda_graph=cuda_graph,
+            gradient_estimator=gradient_estimator,
         )  # fmt: skip
         name = type(self).__name__
         old = checks.resolve_legacy_arguments(name, legacy_positional, self.LEGACY_POSITIONAL, dynamics, shared)
@@ -113,7 +115,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
 
     def _configure(
         self, model, step_size, *, adapt_step_size, adapt_mass_matrix, full_mass, init_strategy, temperature,
-        num_data, control_variate, init_to_centre, on_divergence, jit_compile, cuda_graph,
+        num_data, control_variate, init_to_centre, on_divergence, jit_compile, cuda_graph, gradient_estimator,
     ) -> None:  # fmt: skip
         if not callable(model):
             raise ValueError(f"model must be a callable Pyro model; got {type(model).__name__}")
@@ -123,6 +125,9 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         checks.check_adaptation(step_size, adapt_step_size, adapt_mass_matrix, full_mass)
         self.adapt_step_size, self.adapt_mass_matrix, self.full_mass = adapt_step_size, adapt_mass_matrix, full_mass
         self.control_variate = checks.check_control_variate(control_variate)
+        self.estimator_factory = checks.check_gradient_estimator(gradient_estimator, control_variate)
+        if self.estimator_factory is not None:  # the user's estimator replaces the automatic control variate
+            self.control_variate = None
         self.init_to_centre = checks.check_init_to_centre(init_to_centre, control_variate)
         self.temperature = checks.non_negative(
             temperature, "temperature", "T = 1 is the posterior, 0 < T < 1 a cold posterior, T = 0 optimisation"
@@ -175,8 +180,8 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
 
         The kernel's class, the step size or schedule *as given* (not the adapted one), the adaptation flags,
         ``full_mass``, ``temperature``, ``num_data``, the init strategy, the control-variate setting (a dict
-        centre as a SHA-256 of its tensors), ``init_to_centre``, ``on_divergence``, ``jit_compile``, ``cuda_graph``
-        and the kernel's own arguments (friction, mass, ...). Nothing a run adapts or draws is included.
+        centre as a SHA-256 of its tensors), ``init_to_centre``, ``on_divergence``, ``jit_compile``, ``cuda_graph``,
+        ``gradient_estimator`` and the kernel's own arguments (friction, mass, ...); nothing adapted or drawn.
         """
         settings = {
             "step_size": self._given_step_size,
@@ -191,6 +196,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
             "on_divergence": self.on_divergence,
             "jit_compile": self.jit_compile,
             "cuda_graph": self.cuda_graph,
+            "gradient_estimator": self.estimator_factory,
         }
         settings.update({name: getattr(self, name) for name in self._dynamics_names})
         return {"kernel": f"{type(self).__module__}.{type(self).__qualname__}", **describe(settings)}
@@ -255,8 +261,8 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         shown = OrderedDict(
             [
                 ("phase", phase),
-                ("step size", f"{_mean(self._last_step_size):.2e}"),
-                ("lp", f"{-_mean(self.state.potential):.4g}"),
+                ("step size", f"{checks.mean_value(self._last_step_size):.2e}"),
+                ("lp", f"{-checks.mean_value(self.state.potential):.4g}"),
                 ("div", str(count)),
             ]
         )
@@ -391,9 +397,3 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
 
 SGMCMCKernel.__signature__ = checks.kernel_signature(SGMCMCKernel.__init__, SGMCMCKernel.configure_dynamics)
 
-
-def _mean(values: Union[float, torch.Tensor]) -> float:
-    """The mean of a tensor as a float (one chain: its value, without a reduction); a number as it is."""
-    if not torch.is_tensor(values):
-        return float(values)
-    return float(values) if values.numel() == 1 else float(values.mean())

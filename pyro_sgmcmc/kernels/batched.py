@@ -31,7 +31,7 @@ from . import capture
 from .adaptation import warmup_context
 from .control_variates import ControlVariate
 from .divergences import DivergenceRecord
-from .gradients import GradientEstimator, MinibatchGradient
+from .gradients import GradientEstimator, MinibatchGradient, user_estimator
 from .initialisation import global_superchain_ids, initial_positions, preserved_global_rng
 from .sampling import SamplingRun
 from .state import SGMCMCState
@@ -216,7 +216,9 @@ class BatchedChains:
         expected = (num_chains, potential.dim)
         if tuple(fields["position"].shape) != expected:
             raise ValueError(f"saved chains have positions of shape {tuple(fields['position'].shape)}, not {expected}")
-        self.gradient_estimator = MinibatchGradient(potential)  # a saved control variate replaces it (load)
+        factory = getattr(self, "estimator_factory", None)  # else plain: a saved control variate replaces it (load)
+        plain = factory is None
+        self.gradient_estimator = MinibatchGradient(potential) if plain else user_estimator(factory, potential)
         self._start(SGMCMCState(**fields), warmup_steps)
         self.load_state_dict(saved)
         if self.control_variate is not None and self.control_variate != "auto":
@@ -239,8 +241,10 @@ class BatchedChains:
         self._last_step_size = self.step_size(0)
 
     def _setup_control_variate(self, positions: torch.Tensor) -> GradientEstimator:
-        """Plain minibatches, or the fixed control variate (``"map"`` or a dict: computed once per data set);
-        ``"auto"`` starts plain and decides in warmup."""
+        """The user's ``gradient_estimator``, plain minibatches, or the fixed control variate (``"map"`` or a dict:
+        computed once per data set); ``"auto"`` starts plain and decides in warmup."""
+        if getattr(self, "estimator_factory", None) is not None:
+            return user_estimator(self.estimator_factory, self.potential)
         if self.control_variate is None or self.control_variate == "auto":
             return MinibatchGradient(self.potential)
         cached = self._fixed_control_variate

@@ -35,7 +35,9 @@ from typing import Callable, Mapping, Optional, Protocol, Tuple, runtime_checkab
 
 import torch
 
-__all__ = ["GradientEstimator", "MinibatchGradient", "FunctionEstimator", "as_estimator", "all_reduced"]
+__all__ = [
+    "GradientEstimator", "MinibatchGradient", "FunctionEstimator", "as_estimator", "all_reduced", "user_estimator",
+]  # fmt: skip
 
 
 @runtime_checkable
@@ -144,3 +146,27 @@ def all_reduced(estimator, group=None):
     ([2.5], [[1.0, 2.0]])
     """
     return _AllReduced(estimator, group)
+
+
+def user_estimator(factory: Callable, potential) -> GradientEstimator:
+    """The estimator of a kernel's ``gradient_estimator=factory``: ``factory(potential)``, a value with
+    ``potential_and_grad`` or a plain callable (wrapped by :func:`as_estimator`; not ``replayable`` unless it says
+    so); a TypeError naming the argument for anything else.
+
+    Examples
+    --------
+    >>> import pyro, pyro.distributions as dist
+    >>> from pyro_sgmcmc import ModelPotential
+    >>> def model():
+    ...     pyro.sample("z", dist.Normal(0., 1.))
+    >>> estimator = user_estimator(MinibatchGradient, ModelPotential(model))
+    >>> type(estimator).__name__, estimator.replayable
+    ('MinibatchGradient', True)
+    """
+    estimator = factory(potential)
+    if not (callable(estimator) or callable(getattr(estimator, "potential_and_grad", None))):
+        raise TypeError(
+            "gradient_estimator(potential) must return an estimator: a callable (positions, indices) -> (U, grad U) "
+            f"or an object with potential_and_grad; got {type(estimator).__name__}"
+        )
+    return as_estimator(estimator, potential)

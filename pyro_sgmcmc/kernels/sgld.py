@@ -103,6 +103,12 @@ class SGLD(SGMCMCKernel):
         recorded, or whose replay differs, runs eagerly with a :class:`~pyro_sgmcmc.kernels.capture.CaptureFallback`
         warning saying why, as does ``cuda_graph=True`` on the CPU. The draws equal the eager ones to float
         rounding. Default False.
+    gradient_estimator : callable, optional
+        Your own gradient estimator, as ``gradient_estimator(potential) -> estimator``: called at set-up with the
+        model's :class:`~pyro_sgmcmc.ModelPotential`; the estimator maps the ``(C, D)`` positions and the step's
+        minibatch indices ``{plate: (C, B)}`` to ``(U (C,), grad U (C, D))`` (:mod:`~pyro_sgmcmc.kernels.gradients`:
+        ``MinibatchGradient``, ``ControlVariate`` and ``all_reduced`` compose). It replaces the control variate
+        (``control_variate`` must be None or left at "auto"). It must be unbiased for the full-data potential.
 
     Notes
     -----

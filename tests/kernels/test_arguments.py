@@ -12,7 +12,7 @@ from pyro_sgmcmc import SGHMC, SGLD, SGNHT
 
 SHARED = [
     "model", "step_size", "adapt_step_size", "adapt_mass_matrix", "full_mass", "init_strategy", "temperature",
-    "num_data", "control_variate", "init_to_centre", "on_divergence", "jit_compile", "cuda_graph",
+    "num_data", "control_variate", "init_to_centre", "on_divergence", "jit_compile", "cuda_graph", "gradient_estimator",
 ]  # fmt: skip
 
 

@@ -111,3 +111,56 @@ def test_a_function_is_an_estimator():
     assert u.tolist() == [1.5, 1.5] and torch.equal(g, torch.ones(2, 3))
     with pytest.raises(TypeError, match="estimator"):
         as_estimator(3.0)
+
+
+# ------------------------------------------------------------------ a kernel's gradient_estimator=
+
+
+def _user_model(x, y):
+    w = pyro.sample("w", dist.Normal(torch.zeros(D), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0], subsample_size=B) as i:
+        pyro.sample("y", dist.Normal(x[i] @ w, 0.5), obs=y[i])
+
+
+def _user_run(**options):
+    import pyro_sgmcmc
+    from pyro_sgmcmc import SGHMC
+
+    generator = torch.Generator().manual_seed(3)
+    x, y = torch.randn(N, D, generator=generator), torch.randn(N, generator=generator)
+    mcmc = pyro_sgmcmc.MCMC(SGHMC(_user_model, **options), num_samples=50, warmup_steps=50, num_chains=2,
+                            chain_method="vectorized", seed=0, disable_progbar=True)  # fmt: skip
+    mcmc.run(x, y)
+    return mcmc
+
+
+def test_a_kernel_uses_the_users_gradient_estimator():
+    """``gradient_estimator=MinibatchGradient`` is the plain estimate: the draws of ``control_variate=None``, bit
+    for bit; a user's estimator is called at every step (here one wrapping the plain one, counting its calls)."""
+    plain = _user_run(control_variate=None).get_samples()["w"]
+    assert torch.equal(_user_run(gradient_estimator=MinibatchGradient).get_samples()["w"], plain)
+    calls = []
+
+    def counting(potential):
+        inner = MinibatchGradient(potential)
+
+        def estimate(positions, indices):
+            calls.append(positions.shape)
+            return inner.potential_and_grad(positions, indices)
+
+        return as_estimator(estimate, potential, replayable=True)
+
+    assert torch.equal(_user_run(gradient_estimator=counting).get_samples()["w"], plain)
+    # every step calls it (the warmup's probes too, with more positions); the 50 sampling steps with the 2 chains
+    assert len(calls) >= 100 and all(shape == (2, D) for shape in calls[-50:])
+
+
+def test_a_bad_gradient_estimator_is_named():
+    from pyro_sgmcmc import SGHMC
+
+    with pytest.raises(TypeError, match="gradient_estimator must be None or a callable"):
+        SGHMC(_user_model, gradient_estimator=3)
+    with pytest.raises(ValueError, match="gradient_estimator replaces the control variate"):
+        SGHMC(_user_model, gradient_estimator=MinibatchGradient, control_variate="map")
+    with pytest.raises(TypeError, match=r"gradient_estimator\(potential\) must return an estimator"):
+        _user_run(gradient_estimator=lambda potential: 3)
