@@ -4,14 +4,13 @@ The files and their guarantees (atomic writes, hash chain, verified reads) are t
 :mod:`pyro_sgmcmc.checkpoint`; this module decides what goes in them: a draw chunk with the draws
 kept since the previous write, the kernel's state in the index (its minibatch streams are keyed
 permutations: a few integers per chain and plate, no table), and the run's *fingerprint*, the
-settings that change the draws, which a resuming run must share.
+settings that change the draws (:mod:`.fingerprint`), which a resuming run must share.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional
 
 import torch
 
@@ -27,10 +26,9 @@ from ..checkpoint import (
 )
 from ..draws import DrawStore
 from ..kernels.base import SGMCMCKernel
-from ..kernels.configuration import tensor_digest
 from .length import RunLength
 
-__all__ = ["RunCheckpoint", "open_checkpoint", "fingerprint"]
+__all__ = ["RunCheckpoint", "open_checkpoint"]
 
 
 def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume: bool, sync: bool) -> "RunCheckpoint":
@@ -41,37 +39,6 @@ def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume:
     if resume and path.exists():
         checkpoint.load(length)
     return checkpoint
-
-
-def fingerprint(
-    kernel: SGMCMCKernel,
-    length: RunLength,
-    *,
-    num_chains: int,
-    num_superchains: int,
-    seed: Optional[int],
-    chain_ids: Optional[Sequence[int]],
-    initial_params: Optional[Dict[str, torch.Tensor]] = None,
-) -> dict:
-    """The settings a checkpoint must share with the run that resumes it: all that changes the draws."""
-    potential = kernel.potential
-    return {
-        "kernel": kernel.configuration(),
-        "sites": [(s.name, tuple(s.unconstrained_shape)) for s in potential.sites],
-        "plates": [(p.name, p.size, p.subsample_size, p.user_indices) for p in potential.subsample_plates],
-        "dtype": str(potential.dtype),
-        "data": _data_fingerprint(potential.model_args, potential.model_kwargs),
-        "num_data": potential.num_data,
-        "num_chains": num_chains,
-        "num_superchains": num_superchains,
-        "warmup_steps": length.warmup_steps,
-        "num_samples": length.num_samples,
-        "thinning": length.thinning,
-        "keep_last": length.keep_last,
-        "seed": seed,
-        **({} if chain_ids is None else {"chain_ids": list(chain_ids)}),
-        **({} if initial_params is None else {"initial_params": tensor_digest(initial_params)}),
-    }
 
 
 class RunCheckpoint:
@@ -181,22 +148,3 @@ def _validate_state(path: Path, kernel: SGMCMCKernel, steps_done: int) -> None:
         value = getattr(state, name)
         if value is not None and not bool(torch.isfinite(value).all()):
             raise CheckpointMismatch(f"checkpoint {path}: the chains' saved {name} is not finite")
-
-
-def _data_fingerprint(args: tuple, kwargs: dict) -> list:
-    """Per model argument: a tensor's dtype, shape and SHA-256 (one pass, once per checkpointed run); else its type."""
-    out = []
-    for key, value in [(str(i), v) for i, v in enumerate(args)] + sorted(kwargs.items()):
-        if torch.is_tensor(value):
-            tensor = value.detach().cpu().contiguous()
-            digest = (
-                hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-                if tensor.numel()
-                else ""
-            )
-            out.append((key, str(tensor.dtype), tuple(tensor.shape), digest))
-        elif value is None or isinstance(value, (bool, int, float, str)):
-            out.append((key, repr(value)))
-        else:
-            out.append((key, type(value).__name__))
-    return out
