@@ -66,10 +66,11 @@ _NAMED = (
     GetSetDescriptorType,
     MemberDescriptorType,
 )
-#: Entries of a class's ``__dict__`` that say where it was written, not what it does (or hold C state).
+#: Entries of a class's ``__dict__`` that say where it was written, not what it does, or hold C state or a cache
+#: (``copy`` and ``pickle`` add ``__slotnames__``).
 _CLASS_HOUSEKEEPING = frozenset(
     {"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__",
-     "__annotations__", "_abc_impl"}
+     "__annotations__", "_abc_impl", "__slotnames__"}
 )  # fmt: skip
 _ADVICE = (
     "a checkpointed run fingerprints everything its draws depend on, so that a resume with other inputs is "
