@@ -82,7 +82,10 @@ def _changed_by_calls(schedule: Any) -> List[str]:
     except Exception:  # noqa: BLE001 - an object that cannot be copied is probed itself
         probe = schedule
     for t in PROBE_STEPS:
-        probe(t)
+        try:
+            probe(t)
+        except Exception:  # noqa: BLE001 - a schedule that fails here fails at that step, with its own error
+            break
     after = _attribute_digests(probe)
     return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
 

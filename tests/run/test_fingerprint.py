@@ -201,3 +201,12 @@ def test_a_schedule_that_saves_its_state_resumes_bit_identically(tmp_path):
     resumed = _run(tmp_path / "run.ckpt", dict_model, data, step_size=schedule)
     assert len(resumed.steps) == 5
     assert torch.equal(resumed.get_samples()["mu"], reference.get_samples()["mu"])
+
+
+def test_an_argument_whose_content_cannot_be_read_is_refused_before_the_first_step_naming_it(tmp_path):
+    """A generator has no attributes and a repr holding its address: nothing would tell two runs' apart."""
+    x, y = _rows()
+    data = {"x": x, "y": y, "rng": torch.Generator()}
+    with pytest.raises(TypeError, match=r"argument 'data\[\"rng\"\]' is a torch._C.Generator whose content"):
+        _run(tmp_path / "run.ckpt", dict_model, data)
+    assert not (tmp_path / "run.ckpt").exists()
