@@ -12,8 +12,8 @@ of its content:
 * a user function: its *unit*, referred to by its ``__qualname__``. A unit's own digest (in
   :attr:`ContentHasher.units`) covers its code object (bytecode, constants, names, recursively
   through the nested code of lambdas and comprehensions; not its file or line numbers), its
-  defaults, attributes and closure values, and the globals its code reads (a user module's
-  attributes it reads), each by content; so a change is named by the function it is in;
+  defaults, attributes and closure values, and the globals its code loads (and the attributes it
+  reads of a user module), each by content; so a change is named by the function it is in;
 * a user class: its bases and the entries of its ``__dict__`` (methods included);
 * any other object: its class and its instance attributes (``__dict__`` and ``__slots__``). An
   object whose attributes cannot be read (none, or one of them cannot) is its ``repr`` when that
@@ -51,7 +51,15 @@ import numpy as np
 import torch
 
 from .libraries import is_library_file, is_library_module, module_of
-from .objects import instance_attributes, qualified_name, referenced_names, short_repr, stable_repr, tensor_bytes
+from .objects import (
+    global_names,
+    instance_attributes,
+    qualified_name,
+    referenced_names,
+    short_repr,
+    stable_repr,
+    tensor_bytes,
+)
 
 __all__ = ["MAX_DEPTH", "ContentHasher", "Unfingerprintable", "content_digest"]
 
@@ -336,12 +344,10 @@ class _Walk:
                 self.token("empty cell")
                 continue
             self.feed(contents, (path, f" (closure variable {name!r})"))
-        names = referenced_names(code)
-        namespace = function.__globals__
-        for name in sorted(names):
-            if name in namespace:
-                self.token("global", name)
-                self.feed(namespace[name], (path, f" (global {name!r})"), names)
+        names, namespace = referenced_names(code), function.__globals__
+        for name in sorted(global_names(code) & namespace.keys()):  # a user module: the attributes named in code
+            self.token("global", name)
+            self.feed(namespace[name], (path, f" (global {name!r})"), names)
 
     def user_class(self, cls: type, path: Path) -> None:
         self.token("class", cls.__qualname__)  # not its module's name (``__main__`` when run as a script)

@@ -3,6 +3,7 @@ code reads, and the qualified names by which library code is known."""
 
 from __future__ import annotations
 
+import dis
 import functools
 import re
 from types import CodeType
@@ -11,7 +12,15 @@ from typing import Any, Dict, FrozenSet, Optional
 import numpy as np
 import torch
 
-__all__ = ["tensor_bytes", "instance_attributes", "qualified_name", "referenced_names", "short_repr", "stable_repr"]
+__all__ = [
+    "tensor_bytes",
+    "instance_attributes",
+    "qualified_name",
+    "global_names",
+    "referenced_names",
+    "short_repr",
+    "stable_repr",
+]
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 
@@ -30,6 +39,16 @@ def referenced_names(code: CodeType) -> FrozenSet[str]:
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
             names |= referenced_names(constant)
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=1024)
+def global_names(code: CodeType) -> FrozenSet[str]:
+    """The names ``code`` loads as globals (not its attribute names), its nested code's included."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            names |= global_names(constant)
     return frozenset(names)
 
 

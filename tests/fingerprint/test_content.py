@@ -198,3 +198,9 @@ def _scaled(scale):
 
 def helper_of_the_lambda(x):
     return {"a", "b"} if x else frozenset()
+
+
+def test_a_global_named_like_an_attribute_the_code_reads_does_not_count():
+    source = "shape = {}\n\ndef model(x):\n    return x.shape\n"
+    one, other = (_functions(source.format(v))["model"] for v in (1, 2))
+    assert content_digest(one, "m") == content_digest(other, "m")
