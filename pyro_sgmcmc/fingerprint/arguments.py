@@ -86,8 +86,9 @@ def _listed(model: Callable, args: tuple, kwargs: dict) -> List[Tuple[str, Any]]
     while opened:
         opened, level = False, []
         for index, (name, value) in enumerate(listed):
-            children = _children(name, value)
-            if children and len(level) + len(children) + len(listed) - index - 1 <= MAX_LISTED:
+            room = MAX_LISTED - len(level) - (len(listed) - index - 1)
+            children = _children(name, value) if type(value) in (dict, list, tuple) and len(value) <= room else []
+            if children:
                 level += children
                 opened = True
             else:
