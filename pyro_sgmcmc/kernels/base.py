@@ -32,7 +32,6 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..chains.minibatch import MinibatchSampler
 from ..chains.streams import ChainGenerators
-from ..fingerprint.schedules import offers_state
 from ..model.potential import JitMode, ModelPotential, check_jit_compile
 from ..schedules import Schedule, as_schedule
 from . import arguments as checks
@@ -299,8 +298,6 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         }
         if isinstance(self.gradient_estimator, ControlVariate):
             out["control_variate"] = self.gradient_estimator.state_dict()
-        if offers_state(self.step_size):  # a schedule that keeps state saves it (fingerprint/schedules.py)
-            out["step_size_schedule"] = self.step_size.state_dict()
         return out
 
     def load_state_dict(self, saved: dict) -> None:
@@ -326,8 +323,6 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
                 saved_centre = saved["control_variate"]
                 self.gradient_estimator = ControlVariate.from_state_dict(self.potential, saved_centre, device)
         self.warmup.load_state_dict(saved, self.state, warmup_context(self))
-        if "step_size_schedule" in saved:
-            self.step_size.load_state_dict(saved["step_size_schedule"])
 
     # ------------------------------------------------------------------ statistics and read-outs
     @property

@@ -27,6 +27,7 @@ from ..checkpoint import (
 from ..draws import DrawStore
 from ..kernels.base import SGMCMCKernel
 from .length import RunLength
+from .schedule_state import restore_schedule_state, state_with_schedule
 
 __all__ = ["RunCheckpoint", "open_checkpoint"]
 
@@ -61,7 +62,7 @@ class RunCheckpoint:
         if store.count > self.written:
             positions, stats = store.filled(self.written)
             last_chunk = write_chunk(self.path, self.written, positions, stats, last_chunk, pending=pending)
-        state = kernel.state_dict()
+        state = state_with_schedule(kernel)
         payload = {
             "fingerprint": self.fingerprint,
             "steps_done": steps_done,
@@ -81,7 +82,7 @@ class RunCheckpoint:
     def start(self, kernel: SGMCMCKernel) -> None:
         """A fresh run (its chains set up): check that their state can be saved, remove earlier draw chunks."""
         # before any step: a state that cannot be saved and read back safely is an error now, not at the first write
-        check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
+        check_serialisable(state_with_schedule(kernel), f"{type(kernel).__name__}'s state")
         clear_chunks(self.path)
 
     def load(self, length: RunLength) -> None:
@@ -112,12 +113,13 @@ class RunCheckpoint:
             )
         try:
             kernel.restore_chains(saved["kernel"])
+            restore_schedule_state(kernel, saved["kernel"])
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
             raise CheckpointMismatch(
                 f"checkpoint {self.path}: the kernel's state cannot be restored ({type(error).__name__}: {error})"
             ) from error
         _validate_state(self.path, kernel, steps_done)
-        check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
+        check_serialisable(state_with_schedule(kernel), f"{type(kernel).__name__}'s state")
         self.last_chunk, self.written, self.steps_done = saved.get("last_chunk"), store.count, steps_done
         self.saved = None  # the run continues: the index is not kept
 
