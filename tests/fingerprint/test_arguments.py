@@ -44,13 +44,13 @@ def test_containers_are_opened_level_by_level_within_the_listing_s_bound():
     data = {"small": {"a": np.zeros(2), "b": [1, 2]}, "big": list(range(2 * MAX_LISTED)), "empty": {}}
     entries = _arguments(model_fingerprint(model, (data,), {}))
     assert set(entries) == {
-        "argument 'x[\"small\"][\"a\"]'",
-        "argument 'x[\"small\"][\"b\"][0]'",
-        "argument 'x[\"small\"][\"b\"][1]'",
+        'argument \'x["small"]["a"]\'',
+        'argument \'x["small"]["b"][0]\'',
+        'argument \'x["small"]["b"][1]\'',
         "argument 'x[\"big\"]'",
         "argument 'x[\"empty\"]'",
     }
-    assert entries["argument 'x[\"small\"][\"a\"]'"].startswith("ndarray float64 (2,) sha256 ")
+    assert entries['argument \'x["small"]["a"]\''].startswith("ndarray float64 (2,) sha256 ")
     assert entries["argument 'x[\"big\"]'"].startswith("list sha256 ")
     assert len(_arguments(model_fingerprint(model, (list(range(10 * MAX_LISTED)),), {}))) == 1
 

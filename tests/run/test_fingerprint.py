@@ -106,12 +106,12 @@ def test_changed_data_is_refused_naming_the_argument_and_equal_data_resumes(tmp_
 
 def _compiled_model(scale: str):
     """``model(data)`` compiled from source with the prior scale written as the constant ``scale``."""
-    source = f'''
+    source = f"""
 def model(data):
     mu = pyro.sample("mu", dist.Normal(0.0, {scale}))
     with pyro.plate("rows", len(data["y"]), subsample_size=10) as idx:
         pyro.sample("obs", dist.Normal(mu, 1.0), obs=data["y"][idx])
-'''
+"""
     namespace = {"pyro": pyro, "dist": dist}
     exec(compile(source, "user_model.py", "exec"), namespace)
     return namespace["model"]
