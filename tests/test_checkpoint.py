@@ -369,7 +369,7 @@ def _other_subsample_size(x, y):
     "change, record",
     [
         (lambda m: m.__setattr__("model", _other_subsample_size), "plates"),
-        (lambda m: m.__setattr__("data", lambda: tuple(v * 1.001 for v in _DATA())), "data"),
+        (lambda m: m.__setattr__("data", lambda: tuple(v * 1.001 for v in _DATA())), "argument 'x'"),
         (lambda m: m.__setattr__("data", lambda: tuple(v[:290] for v in _DATA())), "plates"),
     ],
     ids=["subsample_size", "data-values", "data-rows"],
@@ -568,7 +568,7 @@ def test_the_fingerprint_holds_a_dict_control_variate_and_no_run_state(tmp_path)
     """A dict control variate changes the draws, so a checkpoint of one centre does not resume another's run;
     the kernel's run state (streams, minibatch cursors) is no setting."""
     from pyro_sgmcmc import MCMC, SGHMC
-    from pyro_sgmcmc.run.checkpoint import fingerprint
+    from pyro_sgmcmc.run.fingerprint import fingerprint
     from pyro_sgmcmc.run.length import RunLength
 
     def model(y):

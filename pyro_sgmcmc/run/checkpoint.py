@@ -4,7 +4,7 @@ The files and their guarantees (atomic writes, hash chain, verified reads) are t
 :mod:`pyro_sgmcmc.checkpoint`; this module decides what goes in them: a draw chunk with the draws
 kept since the previous write, the kernel's state in the index (its minibatch streams are keyed
 permutations: a few integers per chain and plate, no table), and the run's *fingerprint*, the
-settings that change the draws, which a resuming run must share.
+settings that change the draws (:mod:`.fingerprint`), which a resuming run must share.
 
 One run writes a checkpoint at a time, and the directory is checked before the first step
 (:func:`open_checkpoint`): the run holds the path's lock (:mod:`~pyro_sgmcmc.run.checkpoint_lock`) until
@@ -15,9 +15,8 @@ path that leaves the last complete checkpoint as it was.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional
 
 import torch
 
@@ -33,12 +32,12 @@ from ..checkpoint import (
 )
 from ..draws import DrawStore
 from ..kernels.base import SGMCMCKernel
-from ..kernels.configuration import tensor_digest
 from .checkpoint_directory import check_writable, prepare_fresh_start, remove_stale_temporaries
 from .checkpoint_lock import CheckpointLock
 from .length import RunLength
+from .schedule_state import restore_schedule_state, state_with_schedule
 
-__all__ = ["RunCheckpoint", "open_checkpoint", "fingerprint"]
+__all__ = ["RunCheckpoint", "open_checkpoint"]
 
 
 def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume: bool, sync: bool) -> "RunCheckpoint":
@@ -63,37 +62,6 @@ def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume:
         checkpoint.close()
         raise
     return checkpoint
-
-
-def fingerprint(
-    kernel: SGMCMCKernel,
-    length: RunLength,
-    *,
-    num_chains: int,
-    num_superchains: int,
-    seed: Optional[int],
-    chain_ids: Optional[Sequence[int]],
-    initial_params: Optional[Dict[str, torch.Tensor]] = None,
-) -> dict:
-    """The settings a checkpoint must share with the run that resumes it: all that changes the draws."""
-    potential = kernel.potential
-    return {
-        "kernel": kernel.configuration(),
-        "sites": [(s.name, tuple(s.unconstrained_shape)) for s in potential.sites],
-        "plates": [(p.name, p.size, p.subsample_size, p.user_indices) for p in potential.subsample_plates],
-        "dtype": str(potential.dtype),
-        "data": _data_fingerprint(potential.model_args, potential.model_kwargs),
-        "num_data": potential.num_data,
-        "num_chains": num_chains,
-        "num_superchains": num_superchains,
-        "warmup_steps": length.warmup_steps,
-        "num_samples": length.num_samples,
-        "thinning": length.thinning,
-        "keep_last": length.keep_last,
-        "seed": seed,
-        **({} if chain_ids is None else {"chain_ids": list(chain_ids)}),
-        **({} if initial_params is None else {"initial_params": tensor_digest(initial_params)}),
-    }
 
 
 class RunCheckpoint:
@@ -125,7 +93,7 @@ class RunCheckpoint:
             if store.count > self.written:
                 positions, stats = store.filled(self.written)
                 last_chunk = write_chunk(self.path, self.written, positions, stats, last_chunk, pending=pending)
-            state = kernel.state_dict()
+            state = state_with_schedule(kernel)
             payload = {
                 "fingerprint": self.fingerprint,
                 "steps_done": steps_done,
@@ -172,7 +140,7 @@ class RunCheckpoint:
         path aside (``resume=False``: :func:`~pyro_sgmcmc.run.checkpoint_directory.prepare_fresh_start`, which
         also removes chunks no index lists)."""
         # before any step: a state that cannot be saved and read back safely is an error now, not at the first write
-        check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
+        check_serialisable(state_with_schedule(kernel), f"{type(kernel).__name__}'s state")
         try:
             self.moved_to = prepare_fresh_start(self.path)
         except OSError as error:
@@ -211,12 +179,13 @@ class RunCheckpoint:
             )
         try:
             kernel.restore_chains(saved["kernel"])
+            restore_schedule_state(kernel, saved["kernel"])
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
             raise CheckpointMismatch(
                 f"checkpoint {self.path}: the kernel's state cannot be restored ({type(error).__name__}: {error})"
             ) from error
         _validate_state(self.path, kernel, steps_done)
-        check_serialisable(kernel.state_dict(), f"{type(kernel).__name__}'s state")
+        check_serialisable(state_with_schedule(kernel), f"{type(kernel).__name__}'s state")
         self.last_chunk, self.written, self.steps_done = saved.get("last_chunk"), store.count, steps_done
         self.saved = None  # the run continues: the index is not kept
 
@@ -247,22 +216,3 @@ def _validate_state(path: Path, kernel: SGMCMCKernel, steps_done: int) -> None:
         value = getattr(state, name)
         if value is not None and not bool(torch.isfinite(value).all()):
             raise CheckpointMismatch(f"checkpoint {path}: the chains' saved {name} is not finite")
-
-
-def _data_fingerprint(args: tuple, kwargs: dict) -> list:
-    """Per model argument: a tensor's dtype, shape and SHA-256 (one pass, once per checkpointed run); else its type."""
-    out = []
-    for key, value in [(str(i), v) for i, v in enumerate(args)] + sorted(kwargs.items()):
-        if torch.is_tensor(value):
-            tensor = value.detach().cpu().contiguous()
-            digest = (
-                hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-                if tensor.numel()
-                else ""
-            )
-            out.append((key, str(tensor.dtype), tuple(tensor.shape), digest))
-        elif value is None or isinstance(value, (bool, int, float, str)):
-            out.append((key, repr(value)))
-        else:
-            out.append((key, type(value).__name__))
-    return out

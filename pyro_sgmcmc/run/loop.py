@@ -26,8 +26,9 @@ import torch
 from ..checkpoint import CheckpointMismatch
 from ..draws import DrawStore
 from ..kernels.base import SGMCMCKernel
-from .checkpoint import RunCheckpoint, fingerprint, open_checkpoint
+from .checkpoint import RunCheckpoint, open_checkpoint
 from .checkpoint_settings import CheckpointSettings
+from .fingerprint import fingerprint
 from .length import RunLength
 from .partial import PartialRun
 

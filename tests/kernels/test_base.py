@@ -25,9 +25,10 @@ def test_configuration_is_json_and_holds_what_changes_the_draws():
     assert (config["step_size"], config["friction"], config["temperature"]) == (0.05, 2.0, 0.5)
     assert config["init_momentum"] == "stationary" and config["adapt_step_size"] is True
     assert config["init_strategy"] == "pyro.infer.autoguide.initialization.init_to_uniform"
-    assert SGLD(_model, step_size=RobbinsMonro(0.1), adapt_step_size=False).configuration()["step_size"] == repr(
-        RobbinsMonro(0.1)
-    )
+    assert SGLD(_model, step_size=RobbinsMonro(0.1), adapt_step_size=False).configuration()["step_size"] == {
+        "schedule": "pyro_sgmcmc.schedules.RobbinsMonro",
+        "attributes": {"a": 0.1, "b": 1.0, "gamma": 0.55},
+    }
 
 
 @pytest.mark.filterwarnings("ignore::pyro_sgmcmc.SlowMixingWarning")
