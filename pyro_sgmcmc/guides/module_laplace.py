@@ -10,7 +10,7 @@ generalised Gauss-Newton matrix of the negative log-likelihood
 
 .. math:: H = \sum_n J_n^\top F(f_n) J_n, \qquad J_n = \partial f(x_n, \theta) / \partial\theta,
 
-:math:`f_n` the logits (``F = \mathrm{diag}(p) - pp^\top``, ``"classification"``) or the outputs
+:math:`f_n` the logits (:math:`F = \mathrm{diag}(p) - pp^\top`, ``"classification"``) or the outputs
 (:math:`F = I/\sigma^2`, ``"regression"``). ``curvature`` chooses how :math:`H` is stored:
 ``"diag_ggn"`` its diagonal, ``"kron"`` one K-FAC block :math:`G \otimes A` per parameter
 (:mod:`~pyro_sgmcmc.guides.module_taps`; with ``kron_rank`` the large factors keep their top
@@ -164,6 +164,8 @@ class ModuleLaplace:
             outputs = outputs.unsqueeze(-1)
         if outputs.dim() != 2:
             raise ValueError(f"the module's output must be (batch, K) or (batch,); got shape {tuple(outputs.shape)}")
+        if self.likelihood == "classification" and outputs.shape[1] < 2:
+            raise ValueError("likelihood='classification' needs K >= 2 logits per example (softmax over classes)")
         return outputs
 
     def _layer_sizes(self, batch: int):
@@ -241,14 +243,14 @@ class ModuleLaplace:
     # ------------------------------------------------------------------ prior precision and evidence
     def _prior_vector(self, prior_precision, dtype=torch.float64) -> torch.Tensor:
         """``(d,)`` prior precisions from a number, a ``(num_parameters,)`` tensor or ``{name: number}``."""
-        d = self.loc.shape[0]
+        d, device = self.loc.shape[0], self.loc.device
         if isinstance(prior_precision, Mapping):
             unknown = set(prior_precision) - set(self.names)
             if unknown:
                 raise ValueError(f"prior_precision names unknown parameters {sorted(unknown)}")
-            values = [torch.as_tensor(prior_precision.get(n, 1.0), dtype=dtype) for n in self.names]
+            values = [torch.as_tensor(prior_precision.get(n, 1.0), dtype=dtype, device=device) for n in self.names]
             prior_precision = torch.stack(values)
-        value = torch.as_tensor(prior_precision, dtype=dtype)
+        value = torch.as_tensor(prior_precision, dtype=dtype, device=device)
         if value.dim() == 0:
             value = value.expand(d)
         elif value.shape == (len(self.names),):
@@ -311,12 +313,14 @@ class ModuleLaplace:
         ``inputs`` (a tensor or a dict of tensors sharing the first axis) is walked ``batch_size``
         examples at a time. ``link=None`` returns :class:`~pyro_sgmcmc.guides.predictive.GLMPrediction`
         (means ``(n, K)``, covariances ``(n, K, K)``); ``"probit"`` the class probabilities
-        :math:`\mathrm{softmax}(\mu / \sqrt{1 + \frac\pi8 \mathrm{diag}\,\Sigma})` (``sigmoid`` for one
-        output); ``"mc"`` their average over ``num_samples`` Gaussian draws of the logits.
+        :math:`\mathrm{softmax}(\mu / \sqrt{1 + \frac\pi8 \mathrm{diag}\,\Sigma})` (MacKay's probit
+        approximation, elementwise); ``"mc"`` their average over ``num_samples`` Gaussian draws of the logits.
         """
         self._require_fit()
         if link not in (None, "probit", "mc"):
             raise ValueError(f"link must be None, 'probit' or 'mc'; got {link!r}")
+        if link is not None and self.likelihood != "classification":
+            raise ValueError(f"link={link!r} gives class probabilities: it needs likelihood='classification'")
         check_positive_int(batch_size, "batch_size")
         precision = self.posterior_precision
         means, covariances = [], []
@@ -345,10 +349,10 @@ class ModuleLaplace:
             return GLMPrediction(mean, covariance)
         if link == "probit":
             scaled = mean / torch.sqrt(1 + math.pi / 8 * covariance.diagonal(dim1=-2, dim2=-1))
-            return torch.sigmoid(scaled) if mean.shape[1] == 1 else torch.softmax(scaled, -1)
+            return torch.softmax(scaled, -1)
         check_positive_int(num_samples, "num_samples")
         values, vectors = torch.linalg.eigh(covariance)
         root = vectors * values.clamp(min=0).sqrt().unsqueeze(-2)
         noise = torch.randn((num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device, generator=generator)
         draws = mean + torch.einsum("nkl,snl->snk", root, noise)
-        return (torch.sigmoid(draws) if mean.shape[1] == 1 else torch.softmax(draws, -1)).mean(0)
+        return torch.softmax(draws, -1).mean(0)
