@@ -205,6 +205,10 @@ class ModuleLaplace:
                     log_likelihood += float(self._log_likelihood(outputs.detach(), targets))
                     count += batch
                     deltas = output_gradients(self.taps, self._rows(outputs))
+                    unused = [p for p in self.taps.layers if p not in deltas]
+                    if unused:
+                        raise ValueError(f"parameters: the layers {unused} were not called by the module's forward "
+                                         "pass, so the data say nothing about their parameters")  # fmt: skip
                     jacobians = []
                     for path, record in self.taps.layers.items():
                         if kind is Curvature.KRON:

@@ -103,14 +103,17 @@ class LinearTaps:
             record.outputs.clear()
 
 
-def output_gradients(taps: LinearTaps, rows: torch.Tensor) -> Dict[str, Optional[torch.Tensor]]:
+def output_gradients(taps: LinearTaps, rows: torch.Tensor) -> Dict[str, torch.Tensor]:
     r"""``{layer: delta}`` with ``delta`` of shape ``(K, b, T, out)``, :math:`\partial r_{nk}/\partial z_{nt}`.
 
     ``rows`` is ``(b, K)``; one backward pass per column (the graph is kept until the last). A layer
-    the rows do not depend on gets ``None``; several calls of one layer are concatenated along ``T``.
+    not called is absent, one the rows do not depend on gets zeros; several calls of one layer are
+    concatenated along ``T``.
     """
     paths = [path for path, record in taps.layers.items() if record.outputs]
     outputs = [out for path in paths for out in taps.layers[path].outputs]
+    if not outputs:
+        return {}
     columns = []
     for k in range(rows.shape[1]):
         grads = torch.autograd.grad(rows[:, k].sum(), outputs, retain_graph=k + 1 < rows.shape[1], allow_unused=True)

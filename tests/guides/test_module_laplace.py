@@ -193,6 +193,10 @@ def test_bad_arguments_are_named():
         ModuleLaplace(model, is_lora_parameter, kron_rank=0)
     with pytest.raises(TypeError, match="max_memory"):
         ModuleLaplace(model, is_lora_parameter, max_memory=1.5)
+    with pytest.raises(ValueError, match="not called by the module's forward pass"):
+        unused = ModuleLaplace(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 3)), ["1.weight"],
+                               output_fn=lambda module, x: module[0](x))  # fmt: skip
+        unused.fit([(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))])
     laplace = ModuleLaplace(model, is_lora_parameter)
     with pytest.raises(RuntimeError, match="fit"):
         laplace.predict(inputs)
