@@ -93,11 +93,29 @@ class ModuleLaplace:
     kfac : {"expand", "reduce"}
         ``"kron"`` only: how positions (tokens) of one example enter the factors
         (:func:`~pyro_sgmcmc.guides.module_taps.kfac_factors`); identical without a sequence axis.
+    sigma_noise : float
+        ``"regression"`` only: the fixed noise scale :math:`\sigma`.
     output_fn : callable, optional
         ``(module, inputs) -> (b, K)`` outputs; default :func:`default_output`.
     max_memory : int, optional
         Bytes a step may use beyond the module's activations (:mod:`.module_memory`); a larger
         step raises a ``ValueError`` naming its size before it allocates.
+
+    Examples
+    --------
+    The last layer of a small classifier, with two batches of (inputs, labels):
+
+    >>> import torch
+    >>> from torch import nn
+    >>> _ = torch.manual_seed(0)
+    >>> net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+    >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    >>> laplace = ModuleLaplace(net, ["2.weight", "2.bias"], curvature="full_ggn")
+    >>> laplace = laplace.fit([(x[:32], y[:32]), (x[32:], y[32:])])
+    >>> prior = laplace.optimize_prior_precision()
+    >>> prediction = laplace.predict(x[:5])
+    >>> prediction.mean.shape, prediction.covariance.shape
+    (torch.Size([5, 3]), torch.Size([5, 3, 3]))
     """
 
     def __init__(self, module: nn.Module, parameters: Union[Sequence[str], Callable[[str, torch.Tensor], bool]], *,
