@@ -107,6 +107,7 @@ class ModuleLaplace:
 
     >>> import torch
     >>> from torch import nn
+    >>> from pyro_sgmcmc.guides import ModuleLaplace
     >>> _ = torch.manual_seed(0)
     >>> net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
     >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
