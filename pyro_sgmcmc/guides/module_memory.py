@@ -10,16 +10,17 @@ pass (its activations, which the module's user already pays for when training). 
 * fitting ``diag_ggn``: :math:`R + K b \max_\ell d_\ell + d` (one layer's per-example Jacobian);
 * fitting ``kron``: :math:`R + \sum_\ell (o_\ell^2 + i_\ell^2)` (the factors before truncation);
 * fitting ``full_ggn``: :math:`R + K b d + d^2` (all per-example Jacobians, the dense GGN);
-* the linearised predictive: :math:`R + 2 K b d + 4 K b \max_\ell d_\ell + b K^2` (the Jacobian
-  :math:`J`, its whitening :math:`J\Lambda^{-1/2}`, up to four temporaries of one layer's block
+* the linearised predictive: :math:`R + 2 K b d + 5 K b \max_\ell d_\ell + b K^2` (the Jacobian
+  :math:`J`, its whitening :math:`J\Lambda^{-1/2}`, up to five temporaries of one layer's block
   while whitening it, and the covariances).
 
 So for the predictive, peak memory grows as :math:`2Kbd`: 70k LoRA weights in blocks of at most
-3,072 (rank 8, width 384), 2 classes and a batch of 32 take 9.8M numbers (39 MB in float32).
-These are upper bounds: measured on CPU (float32, 393k weights in blocks of 131k, 4 outputs, a
-batch of 64), the peak resident memory of ``predict`` grew by 655 MiB (diagonal) and 1,166 MiB
-(rank-64 Kronecker) against a stated 1,284 MiB. :func:`check_memory` raises a ``ValueError``
-naming the size when a step would exceed ``max_memory`` bytes.
+3,072 (rank 8, width 384), 2 classes and a batch of 32 take 9.9M numbers (40 MB in float32).
+These are upper bounds: on CPU (float32, 393k weights in blocks of 131k, 4 outputs, a batch of
+64) the peak resident memory (``VmHWM``, reset before the call) rose during ``predict`` by 904 MiB
+(diagonal) and 1,298 MiB (rank-64 Kronecker), against a stated 1,412 MiB
+(``tests/guides/test_module_memory.py`` checks the bound on a smaller case). :func:`check_memory`
+raises a ``ValueError`` naming the size when a step would exceed ``max_memory`` bytes.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def predict_numbers(batch: int, outputs: int, layers: Iterable[Tuple[int, int, i
     records = sum(outputs * batch * positions * out for positions, out, _, _ in layers)
     total = sum(count for *_, count in layers)
     largest = max(count for *_, count in layers)
-    return records + 2 * outputs * batch * total + 4 * outputs * batch * largest + batch * outputs**2
+    return records + 2 * outputs * batch * total + 5 * outputs * batch * largest + batch * outputs**2
 
 
 def check_memory(what: str, numbers: int, itemsize: int, max_memory: Optional[int], batch: int) -> None:
