@@ -93,6 +93,10 @@ class ModuleLaplace:
     kfac : {"expand", "reduce"}
         ``"kron"`` only: how positions (tokens) of one example enter the factors
         (:func:`~pyro_sgmcmc.guides.module_taps.kfac_factors`); identical without a sequence axis.
+    position_mask : str, optional
+        ``"kron"`` only: the key of the dict inputs holding a ``(b, T)`` mask (``"attention_mask"``)
+        whose zero positions (padding) are left out of the input factors :math:`A` of the layers
+        called over ``T`` positions; ``None`` counts every position.
     sigma_noise : float
         ``"regression"`` only: the fixed noise scale :math:`\sigma`.
     output_fn : callable, optional
@@ -121,8 +125,8 @@ class ModuleLaplace:
 
     def __init__(self, module: nn.Module, parameters: Union[Sequence[str], Callable[[str, torch.Tensor], bool]], *,
                  likelihood: str = "classification", curvature: str = "kron", kron_rank: Optional[int] = None,
-                 kfac: str = "expand", sigma_noise: float = 1.0, output_fn: Optional[Callable] = None,
-                 max_memory: Optional[int] = None) -> None:  # fmt: skip
+                 kfac: str = "expand", position_mask: Optional[str] = None, sigma_noise: float = 1.0,
+                 output_fn: Optional[Callable] = None, max_memory: Optional[int] = None) -> None:  # fmt: skip
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module; got {type(module).__name__}")
         if callable(parameters):
@@ -144,6 +148,11 @@ class ModuleLaplace:
             check_positive_int(kron_rank, "kron_rank")
         if kfac not in ("expand", "reduce"):
             raise ValueError(f"kfac must be 'expand' or 'reduce'; got {kfac!r}")
+        if position_mask is not None and not isinstance(position_mask, str):
+            raise TypeError(
+                f"position_mask must be None or the key of a mask in the dict inputs; got {position_mask!r}"
+            )
+        self.position_mask = position_mask
         if not (isinstance(sigma_noise, (int, float)) and math.isfinite(sigma_noise) and sigma_noise > 0):
             raise ValueError(f"sigma_noise must be a positive finite number; got {sigma_noise!r}")
         if max_memory is not None:
@@ -186,6 +195,13 @@ class ModuleLaplace:
         if self.likelihood == "classification" and outputs.shape[1] < 2:
             raise ValueError("likelihood='classification' needs K >= 2 logits per example (softmax over classes)")
         return outputs
+
+    def _mask(self, inputs: Inputs) -> Optional[torch.Tensor]:
+        if self.position_mask is None:
+            return None
+        if not isinstance(inputs, Mapping) or self.position_mask not in inputs:
+            raise ValueError(f"position_mask={self.position_mask!r} is not a key of the inputs")
+        return inputs[self.position_mask]
 
     def _layer_sizes(self, batch: int):
         sizes = []
@@ -231,7 +247,8 @@ class ModuleLaplace:
                     jacobians = []
                     for path, record in self.taps.layers.items():
                         if kind is Curvature.KRON:
-                            for name, parts in kfac_factors(record, deltas[path], self.kfac).items():
+                            mask = self._mask(inputs)
+                            for name, parts in kfac_factors(record, deltas[path], self.kfac, mask).items():
                                 old = sums.get(name)
                                 sums[name] = list(parts) if old is None else [a + b for a, b in zip(old, parts)]
                             continue

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-__all__ = ["LayerRecord", "LinearTaps", "output_gradients", "per_example_jacobian", "kfac_factors"]
+__all__ = ["LayerRecord", "LinearTaps", "output_gradients", "per_example_jacobian", "position_weights", "kfac_factors"]
 
 
 @dataclass
@@ -144,27 +144,45 @@ def per_example_jacobian(record: LayerRecord, delta: torch.Tensor) -> Dict[str, 
     return out
 
 
-def kfac_factors(record: LayerRecord, delta: torch.Tensor, kind: str) -> Dict[str, tuple]:
+def position_weights(record: LayerRecord, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``(b, T)`` weights of a layer's positions: ``mask`` (``(b, T_mask)``) for every call over ``T_mask``
+    positions (the token axis), 1 for other calls (a classifier head on pooled features) or without a mask."""
+    parts = []
+    for inputs in record.inputs:
+        if mask is not None and inputs.shape[1] == mask.shape[1]:
+            parts.append(mask.to(inputs.dtype))
+        else:
+            parts.append(inputs.new_ones(inputs.shape[:2]))
+    return torch.cat(parts, dim=1)
+
+
+def kfac_factors(record: LayerRecord, delta: torch.Tensor, kind: str,
+                 mask: Optional[torch.Tensor] = None) -> Dict[str, tuple]:  # fmt: skip
     r"""One batch's unnormalised K-FAC sums ``{parameter: (G, A, count)}`` or ``{bias: (G,)}``.
 
+    With :math:`w_{nt}` the weight of position :math:`t` (its ``mask`` value, e.g. the attention
+    mask, so that padding does not count; 1 without a mask, see :func:`position_weights`):
     ``"expand"`` (every position an example, as for a language model's tokens):
-    :math:`G = \sum_{n,k,t}\delta_{nkt}\delta_{nkt}^\top`, :math:`A = \sum_{n,t} a_{nt}a_{nt}^\top`,
-    ``count`` the number of positions; ``"reduce"`` (Eschenhagen et al., 2023):
+    :math:`G = \sum_{n,k,t}\delta_{nkt}\delta_{nkt}^\top`, :math:`A = \sum_{n,t} w_{nt} a_{nt}a_{nt}^\top`,
+    ``count`` :math:`= \sum_{n,t} w_{nt}`; ``"reduce"`` (Eschenhagen et al., 2023):
     :math:`G = \sum_{n,k}(\sum_t\delta_{nkt})(\sum_t\delta_{nkt})^\top`,
-    :math:`A = \sum_n \bar a_n \bar a_n^\top`, :math:`\bar a_n = \frac1T\sum_t a_{nt}`, ``count`` the
-    number of examples. The caller divides :math:`A` by the total count. The bias block is exact:
-    :math:`\sum_{n,k}(\sum_t\delta_{nkt})(\sum_t\delta_{nkt})^\top`.
+    :math:`A = \sum_n \bar a_n \bar a_n^\top`, :math:`\bar a_n = \sum_t w_{nt} a_{nt} / \sum_t w_{nt}`,
+    ``count`` the number of examples. The caller divides :math:`A` by the total count. :math:`G` sums
+    over every position (a masked one has :math:`\delta = 0` when the mask removes it from the
+    output). The bias block is exact: :math:`\sum_{n,k}(\sum_t\delta_{nkt})(\sum_t\delta_{nkt})^\top`.
     """
     out = {}
     summed = delta.sum(2).reshape(-1, delta.shape[-1])  # (K * b, out)
     if record.weight is not None:
         inputs = torch.cat(record.inputs, dim=1)  # (b, T, in)
+        weights = position_weights(record, mask)  # (b, T)
         if kind == "expand":
             flat_delta = delta.reshape(-1, delta.shape[-1])
             flat_inputs = inputs.reshape(-1, inputs.shape[-1])
-            out[record.weight] = (flat_delta.T @ flat_delta, flat_inputs.T @ flat_inputs, flat_inputs.shape[0])
+            weighted = flat_inputs * weights.reshape(-1, 1)
+            out[record.weight] = (flat_delta.T @ flat_delta, weighted.T @ flat_inputs, float(weights.sum()))
         else:
-            mean = inputs.mean(1)
+            mean = (inputs * weights.unsqueeze(-1)).sum(1) / weights.sum(1, keepdim=True)
             out[record.weight] = (summed.T @ summed, mean.T @ mean, mean.shape[0])
     if record.bias is not None:
         out[record.bias] = (summed.T @ summed,)

@@ -197,6 +197,8 @@ def test_bad_arguments_are_named():
         unused = ModuleLaplace(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 3)), ["1.weight"],
                                output_fn=lambda module, x: module[0](x))  # fmt: skip
         unused.fit([(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))])
+    with pytest.raises(ValueError, match="position_mask='nope' is not a key of the inputs"):
+        ModuleLaplace(model, is_lora_parameter, position_mask="nope").fit(batches(inputs, labels, 8))
     laplace = ModuleLaplace(model, is_lora_parameter)
     with pytest.raises(RuntimeError, match="fit"):
         laplace.predict(inputs)

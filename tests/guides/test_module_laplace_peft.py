@@ -62,7 +62,8 @@ def test_diag_ggn_of_peft_adapters_is_the_diagonal_of_the_exact_ggn(peft_bert):
 def test_kron_laplace_lora_end_to_end_leaves_the_base_untouched(peft_bert):
     model, inputs, labels = peft_bert
     before = {name: value.clone() for name, value in model.state_dict().items()}
-    laplace = ModuleLaplace(model, is_lora_parameter, curvature="kron", kron_rank=3).fit(batches(inputs, labels, 5))
+    laplace = ModuleLaplace(model, is_lora_parameter, curvature="kron", kron_rank=3, position_mask="attention_mask")
+    laplace.fit(batches(inputs, labels, 5))
     laplace.optimize_prior_precision(mode="parameter")
     prediction = laplace.predict(inputs, batch_size=5)
     names = ["inner." + n for n in laplace.names]

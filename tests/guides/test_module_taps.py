@@ -100,16 +100,21 @@ def _output_gradients(model, names, inputs):
     return out
 
 
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("kfac", ["expand", "reduce"])
-def test_kron_factors_are_the_kfac_closed_form(kfac):
+def test_kron_factors_are_the_kfac_closed_form(kfac, masked):
     """Over 20 examples of 5 tokens (padding included), G and A equal the K-FAC formulas of module_taps.
 
     expand: G = sum_{n,k,t} delta delta^T, A = sum_{n,t} a a^T / (N T); reduce: G = sum_{n,k} (sum_t delta)(...)^T,
     A = sum_n abar abar^T / N. delta comes from torch.func here (a shift on each layer's output), not from hooks.
+    With position_mask="attention_mask" the padded positions w = 0 leave A (and its count) for the token layer
+    (mix); the head sees one pooled position per example and is not masked.
     """
     model, inputs, labels = _model_and_data()
     names = lora_names(model)
-    laplace = ModuleLaplace(model, names, curvature="kron", kfac=kfac).fit(batches(inputs, labels, 8))
+    mask = "attention_mask" if masked else None
+    laplace = ModuleLaplace(model, names, curvature="kron", kfac=kfac, position_mask=mask)
+    laplace.fit(batches(inputs, labels, 8))
     deltas = _output_gradients(model, names, inputs)
     layer_inputs = {}
     handles = [model.get_submodule(n.rpartition(".")[0]).register_forward_hook(
@@ -120,13 +125,18 @@ def test_kron_factors_are_the_kfac_closed_form(kfac):
         h.remove()
     for name in names:
         delta, a = deltas[name.rpartition(".")[0]], layer_inputs[name]
+        w = torch.ones(a.shape[:2])
+        if masked and name.startswith("mix"):
+            w = inputs["attention_mask"].double()
+            assert (w == 0).any()  # padding present: the masked factor differs from the unmasked one
         if kfac == "expand":
             g = torch.einsum("knto,kntp->op", delta, delta)
-            cov = torch.einsum("nti,ntj->ij", a, a) / (a.shape[0] * a.shape[1])
+            cov = torch.einsum("nt,nti,ntj->ij", w, a, a) / w.sum()
         else:
             summed = delta.sum(2)
             g = torch.einsum("kno,knp->op", summed, summed)
-            cov = a.mean(1).T @ a.mean(1) / a.shape[0]
+            mean = torch.einsum("nt,nti->ni", w, a) / w.sum(1, keepdim=True)
+            cov = mean.T @ mean / a.shape[0]
         got = laplace.precision.factors[name]
         torch.testing.assert_close(got[0], g, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(got[1], cov, rtol=1e-10, atol=1e-12)
