@@ -9,7 +9,7 @@ inside :class:`pyro.infer.MCMC` on models with subsampled plates, :class:`MCMC`,
 from .allocation import retain_freed_cpu_memory
 from .diagnostics import UncertaintyDecomposition, decompose_uncertainty, nested_rhat, nested_rhat_threshold
 from .export import to_inference_data
-from .guides import AutoDiagVI, AutoLaplace, LaplaceApproximation, TemperedELBO
+from .guides import AutoDiagVI, AutoLaplace, LaplaceApproximation, ModuleLaplace, TemperedELBO
 from .kernels import (
     SGHMC,
     SGLD,
@@ -33,6 +33,6 @@ __all__ = [
     "SGLD", "SGHMC", "SGNHT", "SGMCMCKernel", "SGMCMCState", "DivergenceError", "DivergenceWarning",
     "SlowMixingWarning",
     "ModelPotential", "ModelError",
-    "AutoLaplace", "LaplaceApproximation", "AutoDiagVI", "TemperedELBO",
+    "AutoLaplace", "LaplaceApproximation", "AutoDiagVI", "TemperedELBO", "ModuleLaplace",
     "Schedule", "Constant", "RobbinsMonro", "Cyclical", "make_schedule", "retain_freed_cpu_memory",
 ]  # fmt: skip

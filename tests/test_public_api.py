@@ -12,11 +12,11 @@ import pyro_sgmcmc.guides
 
 
 def test_guides_are_importable_from_the_top_level():
-    from pyro_sgmcmc import AutoDiagVI, AutoLaplace, LaplaceApproximation, TemperedELBO
+    from pyro_sgmcmc import AutoDiagVI, AutoLaplace, LaplaceApproximation, ModuleLaplace, TemperedELBO
 
     assert AutoLaplace is pyro_sgmcmc.guides.AutoLaplace and AutoDiagVI is pyro_sgmcmc.guides.AutoDiagVI
     assert LaplaceApproximation is pyro_sgmcmc.guides.LaplaceApproximation
-    assert TemperedELBO is pyro_sgmcmc.guides.TemperedELBO
+    assert TemperedELBO is pyro_sgmcmc.guides.TemperedELBO and ModuleLaplace is pyro_sgmcmc.guides.ModuleLaplace
     assert {"AutoLaplace", "AutoDiagVI", "LaplaceApproximation", "TemperedELBO"} <= set(pyro_sgmcmc.__all__)
 
 
