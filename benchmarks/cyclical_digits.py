@@ -6,25 +6,25 @@ scikit-learn's 8x8 digits, a stratified 75/25 split per seed, train on the digit
 of 0-5; the test images of 6-9 are the out-of-distribution (OOD) inputs. Model ``64 -> --hidden (tanh) -> 6``,
 ``N(0, 1)`` on every weight, minibatches of ``--batch-size`` (the likelihood scaled by ``N / B``).
 
-**Equal budget.** One *gradient evaluation* is one minibatch gradient of one network. Every method gets
-``B = --chains x (--warmup + --steps)``:
+**Equal budget.** One *gradient evaluation* is one minibatch gradient of one network. The budget ``B`` is what
+SGHMC on defaults spends, ``--chains x (--warmup + --steps)`` plus its warmup's curvature probes (each probe
+evaluates every chain once; ``probe_evaluations``), and every method gets it:
 
 * ``SGHMC, constant``: ``--chains`` vectorised chains on the package's defaults (adapted step size and diagonal
-  metric in ``--warmup`` steps), then ``--steps`` steps, ``--draws`` kept per chain at an equal thinning. The
-  warmup's curvature probes are counted on top of ``B`` (``gradient_evaluations``);
+  metric in ``--warmup`` steps; ``control_variate=None``, so that every step costs one evaluation), then
+  ``--steps`` steps, ``--draws`` kept per chain at an equal thinning;
 * ``cyclical, peak x F``: the same, with ``step_size=Cyclical(--cycles, --steps, exploration=--exploration)``
   whose peak is ``F`` times each chain's adapted step size (``F = 1``: the package's default; ``F = 5, 20``
   through :class:`ScaledPeak`, a subclass of :class:`~pyro_sgmcmc.Cyclical` whose ``with_peak`` multiplies
   the adapted step by ``F``; the adapted metric is kept). Only the sampling stages' draws are kept;
 * ``deep ensemble``: ``--chains`` chains at ``temperature=0`` (SGD with momentum; the prior is weight decay),
   step ``--ensemble-step`` fixed (at T = 0 nothing is adapted; 0.2 is ``examples/ood_detection.py``'s step),
-  ``--warmup + --steps`` steps each, the last point of each (``keep_last=1``);
+  ``B / --chains`` steps each, the last point of each (``keep_last=1``);
 * ``diag Laplace``: ``AutoLaplace(curvature="diag_ggn").fit_map`` (Adam, lr 1e-2) for ``min(B - sweep,
   --map-steps)`` steps (less than the budget by default: the MAP has converged well before; the cost is the
-  steps taken), the
-  curvature sweep (``ceil(N / B)`` minibatches, one backward pass per class each: ``sweep`` evaluations), the
-  scalar prior precision tuned on the evidence (no gradients of the data), GLM predictive with the probit link;
-  ``MAP`` is its network alone, no extra cost;
+  steps taken), the curvature sweep (``ceil(N / batch)`` minibatches, one backward pass per class each: ``sweep``
+  evaluations), the scalar prior precision tuned on the evidence (no gradients of the data), GLM predictive
+  with the probit link; ``MAP`` is its network alone, no extra cost;
 * ``diag VI``: ``AutoDiagVI(temperature=1, sticking_the_landing=True)`` with ``TemperedELBO`` and
   ``--vi-particles`` vectorised particles per step (each a gradient evaluation), ``B / particles`` steps of
   ``ClippedAdam`` (lr 1e-2, decayed to a tenth), ``--vi-draws`` draws of the guide for prediction.
@@ -37,7 +37,8 @@ images on which two draws predict different labels, over pairs of draws of one c
 different chains (draws from separated modes disagree; a chain that leaves its mode has a within-chain
 disagreement near the across-chain one). Over ``--seeds`` seeds: mean and sd (ddof 1).
 
-Run with one thread (about 10 minutes on the shared 2-core machine; ``--tiny``: under a minute)::
+Run with one thread (12.5 minutes on the shared 2-core machine at load 10, 2026-11-27; ``--tiny``: 14 s of CPU,
+under a minute)::
 
     OMP_NUM_THREADS=1 python benchmarks/cyclical_digits.py --plot docs/_static/gallery/cyclical_digits.png
 """
@@ -194,7 +195,7 @@ def run_vi(args, model, data, budget: int, seed: int):
         samples = [guide(data["x_train"], data["y_train"]) for _ in range(args.vi_draws)]
         draws = {name: torch.stack([sample[name] for sample in samples]) for name in samples[0]}
     probs = {split: ood.mlp_logits(draws, data[split]).softmax(-1) for split in ("x_in", "x_out")}
-    return probs, {"gradient_evaluations": steps * args.vi_particles, "mean_sigma": float(guide.scale.mean())}
+    return probs, {"gradient_evaluations": steps * args.vi_particles, "mean_sigma": float(guide.scale.detach().mean())}
 
 
 # ------------------------------------------------------------------------------------ metrics
