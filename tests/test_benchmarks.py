@@ -97,3 +97,31 @@ def test_cyclical_mixture_benchmark_runs_at_tiny_size_and_writes_its_results(tmp
     assert rows["cyclical 0.09, beta 0.25"]["draws_per_chain"] == 450
     assert rows["cyclical 0.09, beta 0.5"]["draws_per_chain"] == 300
     assert rows["constant 0.05"]["draws_per_chain"] == 600
+
+
+def test_cyclical_digits_benchmark_runs_at_tiny_size_at_an_equal_budget(tmp_path):
+    out = tmp_path / "cyclical_digits.json"
+    done = _run([str(ROOT / "benchmarks" / "cyclical_digits.py"), "--tiny", "--out", str(out)], tmp_path, 300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    meta, rows = results["meta"], results["per_seed"][0]
+    assert meta["tiny"] is True and meta["machine"]["torch_threads"] == 1
+    cyclical = {f"cyclical, peak {f}" for f in ("1 (defaults)", "5 (x adapted)", "20 (x adapted)")}
+    assert set(rows) == {"SGHMC, constant (defaults)", *cyclical, "deep ensemble", "MAP", "diag Laplace", "diag VI"}
+    budget = meta["budgets"][0]
+    # the budget is what SGHMC on defaults spent (2 chains x 300 steps, plus its warmup's curvature probes)
+    assert budget == rows["SGHMC, constant (defaults)"]["gradient_evaluations"] > 2 * 300
+    for name in ("cyclical, peak 1 (defaults)", "cyclical, peak 5 (x adapted)", "deep ensemble"):
+        assert rows[name]["gradient_evaluations"] == budget, name
+    assert budget - 16 < rows["diag VI"]["gradient_evaluations"] <= budget  # whole steps of 16 particles
+    assert rows["diag Laplace"]["gradient_evaluations"] <= budget
+    # draws: 20 per chain kept by thinning; a cyclical run keeps those of sampling stages (the last 20% of each
+    # of 4 cycles of 50 steps; thinning by 10 leaves one per cycle); the ensemble keeps each member's last point
+    assert rows["SGHMC, constant (defaults)"]["num_draws"] == 2 * 20
+    assert rows["cyclical, peak 5 (x adapted)"]["num_draws"] == 2 * 4
+    assert rows["deep ensemble"]["num_draws"] == 2 and rows["diag Laplace"]["num_draws"] == 1
+    for name, row in rows.items():
+        assert 0 <= row["ece"] <= 1 and row["nll"] > 0 and 0 <= row["accuracy"] <= 1, name
+        assert 0 <= row["auroc_total"] <= 1, name
+        assert (row["auroc_epistemic"] is None) == (row["num_draws"] == 1), name
+    assert meta["cpu_seconds"] < 60  # the script's promise for --tiny, in CPU time (wall time depends on the load)

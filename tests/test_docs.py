@@ -129,7 +129,8 @@ def test_html_builds_without_warnings(builds):
     pages = ["index", "installation", "quickstart", "concepts", "conventions", "api", "reliability",
              "benchmarks_vectorized", "tutorials/index", "tutorials/sgmcmc", "tutorials/chains", "laplace", "vi",
              "tutorials/uncertainty", "gallery/index", "gallery/cold_posterior", "gallery/continual_learning",
-             "gallery/ood_detection", "gallery/double_well", "gallery/cyclical_mixture"]  # fmt: skip
+             "gallery/ood_detection", "gallery/double_well", "gallery/cyclical_mixture",
+             "gallery/cyclical_digits"]  # fmt: skip
     for page in pages:
         assert (out / f"{page}.html").exists(), page
     index = (out / "index.html").read_text(encoding="utf-8")
