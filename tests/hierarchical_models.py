@@ -45,14 +45,17 @@ GRID_HALF_WIDTH = 7.0  # Laplace sds of log h either side of the mode
 GRID_POINTS = {"intercepts": 61, "slopes": 25}  # per hyper-parameter axis
 
 
-def simulate(kind: str, num_groups: int = 20, num_data: int = 20000, seed: int = 1) -> Dict[str, torch.Tensor]:
-    """Data of ``kind`` (``"intercepts"`` or ``"slopes"``): unbalanced groups (weights rising linearly from 0.2
-    to 1.8, so the smallest group has about 1 % of the data: 5 data in a minibatch of 500), ``x ~ N(0, 1)``,
+def simulate(
+    kind: str, num_groups: int = 20, num_data: int = 20000, seed: int = 1, smallest_weight: float = 0.2
+) -> Dict[str, torch.Tensor]:
+    """Data of ``kind`` (``"intercepts"`` or ``"slopes"``): unbalanced groups (weights rising linearly from
+    ``smallest_weight`` to ``2 - smallest_weight``; with 0.2 and 20 groups the smallest group has 1 % of the data,
+    5 data in a minibatch of 500), ``x ~ N(0, 1)``,
     ``a_j ~ N(1, 0.5)``, ``b_j = 0.7`` (``"slopes"``: ``~ N(0.7, 0.3)``), noise sd 1.5."""
     if kind not in GRID_POINTS:
         raise ValueError(f"kind must be one of {sorted(GRID_POINTS)}; got {kind!r}")
     generator = torch.Generator().manual_seed(seed)
-    weights = torch.linspace(0.2, 1.8, num_groups, dtype=DTYPE)
+    weights = torch.linspace(smallest_weight, 2 - smallest_weight, num_groups, dtype=DTYPE)
     group = torch.multinomial(weights / weights.sum(), num_data, replacement=True, generator=generator)
     x = torch.randn(num_data, generator=generator, dtype=DTYPE)
     intercept = 1.0 + 0.5 * torch.randn(num_groups, generator=generator, dtype=DTYPE)
@@ -67,16 +70,22 @@ def _normal(scale: float):
     return dist.Normal(torch.tensor(0.0, dtype=DTYPE), scale)
 
 
-def build_model(data: Dict[str, torch.Tensor], subsample_size: int) -> Callable[[], None]:
+def build_model(data: Dict[str, torch.Tensor], subsample_size: int, centred: bool = True) -> Callable[[], None]:
     """The Pyro model of ``data``: every parameter at a global site, the likelihood in ``pyro.plate("data", N,
-    subsample_size=subsample_size)``."""
+    subsample_size=subsample_size)``. ``centred=False`` samples ``alpha_raw ~ N(0, 1)`` and puts
+    ``alpha = mu + tau alpha_raw`` (a ``pyro.deterministic`` site): the same posterior, badly parametrised for
+    data-rich groups (module docstring)."""
     group, x, y, num_groups = data["group"], data["x"], data["y"], data["num_groups"]
     slopes = data["kind"] == "slopes"
 
     def model() -> None:
         mu = pyro.sample("mu", _normal(PRIOR_SD))
         tau = pyro.sample("tau", dist.HalfNormal(torch.tensor(SCALE_PRIOR_SD, dtype=DTYPE)))
-        intercept = pyro.sample("alpha", dist.Normal(mu, tau).expand([num_groups]).to_event(1))
+        if centred:
+            intercept = pyro.sample("alpha", dist.Normal(mu, tau).expand([num_groups]).to_event(1))
+        else:
+            raw = pyro.sample("alpha_raw", dist.Normal(torch.zeros(num_groups, dtype=DTYPE), 1.0).to_event(1))
+            intercept = pyro.deterministic("alpha", mu + tau * raw)
         if slopes:
             mu_beta = pyro.sample("mu_beta", _normal(PRIOR_SD))
             tau_beta = pyro.sample("tau_beta", dist.HalfNormal(torch.tensor(SCALE_PRIOR_SD, dtype=DTYPE)))
@@ -179,7 +188,8 @@ def exact_moments(data: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float, float
     hessian = torch.autograd.functional.hessian(lambda v: -log_density(v), mode)
     laplace_sd = torch.linalg.inv(hessian).diagonal().sqrt()
     points = GRID_POINTS[data["kind"]]
-    axes = [m + s * torch.linspace(-GRID_HALF_WIDTH, GRID_HALF_WIDTH, points, dtype=DTYPE) for m, s in zip(mode, laplace_sd)]
+    unit = torch.linspace(-GRID_HALF_WIDTH, GRID_HALF_WIDTH, points, dtype=DTYPE)
+    axes = [m + s * unit for m, s in zip(mode, laplace_sd)]
     grid = torch.cartesian_prod(*axes).reshape(-1, len(axes))
     log_w, means, variances = [], [], []
     for chunk in grid.split(4096):

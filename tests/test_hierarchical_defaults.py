@@ -11,6 +11,10 @@ the mean is at most 0.08 sd and that of the sd at most 5.8 % (the bound leaves 2
 bias that the adaptation allows). Measured (4 vectorised chains of the same settings, seed 0): worst mean
 error 0.12 sd, sd ratios 0.93-1.11, the two smallest groups' intercepts 4-6 % wide on average (gradient noise
 relative to curvature is ``1 / n_j`` for a group with ``n_j`` data in the minibatch), min ESS 420 per chain.
+Not tested here, to keep the suite short, measured the same way: the varying-slopes model (``"slopes"``, 42
+parameters) worst mean error 0.15 sd, sd ratios 0.93-1.09 (mean 1.013), min ESS 208; the rarest group cut to
+40 data (1 in a minibatch, ``smallest_weight=0.04``) keeps its sd within 4 % on average (1.00-1.07), the
+step-size noise cap reading the largest coordinate's noise (step 0.15-0.24 against 0.3).
 The seed is fixed; it was not chosen by looking at the results.
 """
 
@@ -21,7 +25,7 @@ import pytest
 from pyro.infer import MCMC
 from pyro.ops.stats import effective_sample_size
 
-from pyro_sgmcmc import SGHMC
+from pyro_sgmcmc import SGHMC, SlowMixingWarning
 
 try:  # tests/ is a package
     from .hierarchical_models import build_model, exact_moments, simulate, site_values
@@ -51,7 +55,8 @@ def test_varying_intercepts_on_defaults_match_the_exact_posterior():
         sd_error = float(x.std()) / sd - 1.0
         ess = float(effective_sample_size(x.reshape(1, -1), chain_dim=0, sample_dim=1))
         ok = mean_error < MEAN_BOUND and abs(sd_error) < SD_BOUND and ess >= MIN_ESS
-        lines.append(f"{'ok ' if ok else 'BAD'} {name:>9s} mean {mean_error:.3f} sd  sd {100 * sd_error:+.1f} %  ESS {ess:.0f}")
+        flag = "ok " if ok else "BAD"
+        lines.append(f"{flag} {name:>9s} mean {mean_error:.3f} sd  sd {100 * sd_error:+.1f} %  ESS {ess:.0f}")
         worst.append((mean_error, sd_error, ess))
     report = "\n".join(lines)
     print("\n" + report)
@@ -59,3 +64,18 @@ def test_varying_intercepts_on_defaults_match_the_exact_posterior():
     assert all(e[2] >= MIN_ESS for e in worst), "ESS too small for the criterion to mean much\n" + report
     assert all(e[0] < MEAN_BOUND for e in worst), report
     assert all(abs(e[1]) < SD_BOUND for e in worst), report
+
+
+def test_a_non_centred_model_of_data_rich_groups_warns():
+    """The same posterior written non-centred (``alpha = mu + tau alpha_raw``): with hundreds of data per group
+    every ``alpha_raw_j`` is tied to ``tau`` along a curved ridge that no constant metric fits, and the adapted
+    step collapses (measured: 3e-6 to 4.5e-6 in 4 vectorised chains of 2,000 + 5,000 steps, against 0.3
+    centred; ``tau`` 5 sds low, every sd under 12 % of the exact one; 1e-3 in this test's chain).
+    The defaults cannot sample it, so they must say so at the end of warmup."""
+    data = simulate("intercepts")
+    pyro.set_rng_seed(0)
+    kernel = SGHMC(build_model(data, BATCH, centred=False))
+    mcmc = MCMC(kernel, warmup_steps=2000, num_samples=100, disable_progbar=True)
+    with pytest.warns(SlowMixingWarning, match="mix slowly"):
+        mcmc.run()
+    assert kernel.chain_diagnostics(0)["step size"] < 1e-2  # centred: 0.24-0.33
