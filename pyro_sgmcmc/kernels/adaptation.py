@@ -251,7 +251,9 @@ class WarmupDriver:
             )
             warnings.warn(
                 f"{context.kernel_name}: {found}: it has probably not reached the posterior and will mix slowly. "
-                f"Usually the minibatch gradient noise limits the step: {self._slow_mixing_advice()}",
+                f"Usually the minibatch gradient noise limits the step: {self._slow_mixing_advice()} Otherwise the "
+                "posterior's shape does: a funnel or curved ridge (e.g. a hierarchical model written non-centred "
+                "whose groups have much data) fits no constant metric; write that model centred.",
                 SlowMixingWarning,
                 stacklevel=4,
             )
