@@ -198,9 +198,10 @@ class _Evaluator:
                 if out_of_memory(error) or len(self.strategies) == 1:
                     raise
                 self.strategies.pop(0)
-                # posterior_predictive: Pyro's samplers fill tensors in place (``normal_``), which vmap cannot
-                # make differ per draw, so most models land here; as before, without a warning
-                if len(self.strategies) == 1 and self.quantity != "posterior_predictive":
+                # warned for the log-likelihood only: posterior_predictive lands here for most models (Pyro's
+                # samplers fill tensors in place, ``normal_``, which vmap cannot make differ per draw), as it
+                # did before, and observed_data is one draw
+                if len(self.strategies) == 1 and self.quantity == "log_likelihood":
                     warnings.warn(
                         f"the model cannot run under torch.func.vmap ({str(error).splitlines()[0]}); the "
                         f"{self.quantity} is evaluated draw by draw, which is slower",
