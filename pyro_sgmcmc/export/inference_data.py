@@ -228,4 +228,3 @@ def _unconstrained_draws(mcmc, potential, samples) -> torch.Tensor:
 def _by_chain(values: Dict[str, np.ndarray], num_chains: int) -> Dict[str, np.ndarray]:
     """``(chains * draws, ...)`` arrays, chain-major, as ``(chains, draws, ...)`` views."""
     return {k: v.reshape(num_chains, v.shape[0] // num_chains, *v.shape[1:]) for k, v in values.items()}
-

@@ -177,6 +177,7 @@ class _Evaluator:
             both = torch.func.vmap(torch.func.vmap(one, in_dims=(None, 0), randomness="different"),
                                    in_dims=(0, None), randomness="different")  # fmt: skip
         else:  # nothing to batch over inside: one "combination"
+
             def both(positions, rows):
                 return {k: v.unsqueeze(1) for k, v in over_draws(positions, rows).items()}
 
@@ -271,4 +272,3 @@ def _layout(name: str, site, tensor: torch.Tensor, sizes: Mapping[str, int]) -> 
                 plate_axes[axis] = frame.name
     shape = tuple(sizes[p] if p is not None else n for p, n in zip(plate_axes, tensor.shape))
     return SiteLayout(name, shape, tuple(dims), tensor.dtype, tuple(plate_axes), tensor.numel())
-
