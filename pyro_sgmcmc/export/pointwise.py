@@ -82,7 +82,7 @@ class FullData:
         self.plates = list(potential.subsample_plates)
         self._tables = [PlateChunks(plate, potential.device).rows() for plate in self.plates]
         self.num_combinations = math.prod(len(table) for table in self._tables)
-        trace = self._trace(position, self._rows(0, 1, squeeze=True))
+        trace = self.trace(position, self._rows(0, 1, squeeze=True))
         plate_names = {plate.name for plate in self.plates}
         self.observed: List[str] = [
             name for name, site in trace.nodes.items() if site["type"] == "sample" and site["is_observed"]
@@ -155,7 +155,7 @@ class FullData:
             stride *= len(table)
         return {name: r[0] for name, r in rows.items()} if squeeze else rows
 
-    def _trace(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor], model: Optional[Callable] = None):
+    def trace(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor], model: Optional[Callable] = None):
         """The model traced at the unconstrained ``position`` with the plates' ``indices``."""
         potential = self.potential
         unpacked = potential.unpack(position)
@@ -184,7 +184,7 @@ class _Evaluator:
         self.strategies: List[Callable] = [both, self._over_draws(over_draws), self._one_by_one]
 
     def one(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        trace = self.full._trace(position, indices, self.model)
+        trace = self.full.trace(position, indices, self.model)
         nodes = trace.nodes
         if self.quantity == "log_likelihood":
             return {name: nodes[name]["fn"].log_prob(nodes[name]["value"]) for name in self.full.observed}
