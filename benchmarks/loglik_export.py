@@ -23,7 +23,10 @@ dtype, and the peak memory growth of the export: the process's peak resident set
 current one by writing 5 to ``/proc/self/clear_refs`` just before the export, and the growth is ``VmHWM``
 after minus ``VmRSS`` before (the promise: at most 1.5x the log-likelihood's bytes). ArviZ is imported
 before the export is timed (its import takes seconds and is not the export's). The load average before and
-after each case is written beside it: on a shared machine the CPU-time ratio is the steadier figure.
+after each case is written beside it. Both run on ``--threads`` torch threads, one by default: on a
+shared, loaded machine torch's parallel operators (the export's are large, the sampling step's small) spend
+their time waiting for each other's threads, which measures the machine, not the code; the CPU-time ratio is
+the steadier figure.
 
 Run::
 
@@ -31,7 +34,7 @@ Run::
     python benchmarks/loglik_export.py --tiny                                           # a few seconds
 
 ``PYTHONPATH=<another checkout>`` measures that checkout's export with the same script (only
-``log_likelihood=True`` is used). The figures are in ``docs/benchmarks.rst`` ("Log-likelihood export").
+``log_likelihood=True`` is used). The figures are in ``docs/reliability.rst`` ("The log-likelihood export").
 """
 
 from __future__ import annotations
@@ -84,11 +87,16 @@ def _status(field: str) -> int:
     raise KeyError(field)
 
 
-def measure(case: str) -> dict:
-    """One case, in this process: the sampling run, then the export, timed, with the export's peak memory."""
+def measure(case: str, threads: int) -> dict:
+    """One case, in this process, on ``threads`` torch threads: the sampling run, then the export, timed, with
+    the export's peak memory."""
     import warnings
 
     import arviz  # noqa: F401  (imported before the export is timed)
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from pyro_sgmcmc import MCMC, SGLD, to_inference_data
 
@@ -114,6 +122,7 @@ def measure(case: str) -> dict:
     return {
         "case": case,
         **size,
+        "torch_threads": torch.get_num_threads(),
         "sampling": sampling,
         "export": export,
         "ratio_wall": export["wall_s"] / sampling["wall_s"],
@@ -130,25 +139,28 @@ def measure(case: str) -> dict:
 def main() -> None:
     p = harness.parser(__doc__, None)
     p.add_argument("--cases", nargs="+", default=["issue", "brief"], choices=sorted(CASES))
+    p.add_argument("--threads", type=int, default=1, help="torch threads for both the run and the export (0: "
+                   "torch's default); 1 by default, the steadier figure on a shared machine")  # fmt: skip
     p.add_argument("--child", choices=sorted(CASES), help=argparse_suppress())
     args = p.parse_args()
     if args.child:
-        harness.write_json(args.out, measure(args.child))
+        harness.write_json(args.out, measure(args.child, args.threads))
         return
     log = harness.Log()
     results = {"machine": harness.machine_info(), "package": harness.package_fingerprint(), "cases": {}}
     for case in ["tiny"] if args.tiny else args.cases:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "case.json"
-            done = subprocess.run([sys.executable, __file__, "--child", case, "--out", str(out)], text=True,
-                                  capture_output=True)  # fmt: skip
+            command = [sys.executable, __file__, "--child", case, "--out", str(out), "--threads", str(args.threads)]
+            done = subprocess.run(command, text=True, capture_output=True)
             if done.returncode != 0:
                 raise SystemExit(f"case {case} failed:\n{done.stderr[-3000:]}")
             result = json.loads(out.read_text())
         results["cases"][case] = result
         growth = result["peak_growth_over_output"]
         log(
-            f"{case}: {result['chains']} chains x {result['draws']} draws, N = {result['data']}: sampling "
+            f"{case} ({result['torch_threads']} thread(s)): {result['chains']} chains x {result['draws']} draws, "
+            f"N = {result['data']}: sampling "
             f"{result['sampling']['wall_s']:.1f} s wall / {result['sampling']['cpu_s']:.1f} s CPU, export "
             f"{result['export']['wall_s']:.2f} s / {result['export']['cpu_s']:.2f} s (ratio {result['ratio_wall']:.3f}"
             f" wall, {result['ratio_cpu']:.3f} CPU); log-likelihood {result['log_likelihood_bytes'] / 1e6:.0f} MB "
