@@ -1,27 +1,26 @@
 """Export an SG-MCMC run to :class:`arviz.InferenceData`.
 
-The minibatches seen while sampling are random subsets, so everything that depends on the data
-(``log_likelihood``, ``observed_data``, ``posterior_predictive``) is recomputed here on the *full*
-data set: each subsampled plate is walked through in consecutive chunks of its own
-``subsample_size`` (the size the model's plate statement expects; the last chunk overlaps the one
-before it), every combination of chunks of all subsampled plates is evaluated, and the pieces are
-assembled along the plates' axes. Posterior draws are processed ``chunk_size`` at a time under
-:func:`torch.func.vmap`.
+The draws and sampling statistics are copied as they are. Everything that depends on the data
+(``log_likelihood``, ``observed_data``, ``posterior_predictive``) is recomputed on the *full* data, all
+draws in vectorised blocks of bounded memory, in the model's dtype
+(:mod:`~pyro_sgmcmc.export.pointwise`); the in-memory groups are checked against a memory cap before
+anything is allocated, and the log-likelihood can go to a netCDF file block by block instead
+(:mod:`~pyro_sgmcmc.export.destinations`).
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import Dict, List, Mapping, Optional
+import os
+from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
-import pyro
 import pyro.infer
-import pyro.poutine as poutine
 import torch
 
 from .._compat import pyro_chain_diagnostics
 from ..run.partial import RunNotFinished
+from .destinations import check_fits, in_memory, site_dims, to_netcdf_file
+from .pointwise import FullData
 
 __all__ = ["to_inference_data"]
 
@@ -35,6 +34,9 @@ def to_inference_data(
     coords: Optional[dict] = None,
     dims: Optional[Dict[str, List[str]]] = None,
     chunk_size: int = 256,
+    log_likelihood_dtype: Optional[torch.dtype] = None,
+    log_likelihood_path: Union[str, "os.PathLike[str]", None] = None,
+    max_memory: Optional[int] = None,
 ):
     """Convert a finished :class:`pyro_sgmcmc.MCMC` (or :class:`pyro.infer.MCMC` with an SG-MCMC kernel) run.
 
@@ -52,7 +54,21 @@ def to_inference_data(
         As for :func:`arviz.from_dict`. Vector sites get ``<site>_dim_<i>`` dims by default, and
         each plate's axis of an observed site is named after the plate.
     chunk_size : int
-        Posterior draws evaluated per vectorised model call.
+        Posterior draws evaluated per vectorised model call (fewer when one call would hold more than
+        :data:`~pyro_sgmcmc.export.pointwise.ELEMENTS_PER_CALL` values of a site); the results do not
+        depend on it.
+    log_likelihood_dtype : torch.dtype, optional
+        The log-likelihood's dtype. By default the model's: float32 data give a float32
+        log-likelihood (half the bytes of float64). Computed in the model's dtype either way.
+    log_likelihood_path : str or os.PathLike, optional
+        Write the log-likelihood to this netCDF-4 file (needs ``h5netcdf``), as the ``log_likelihood``
+        group of an ArviZ file (``arviz.from_netcdf`` reads it), 64 MB of draws at a time, instead of
+        holding it in memory; the returned ``log_likelihood`` group is read lazily from the file. For a
+        log-likelihood larger than the memory. The file is replaced if it exists.
+    max_memory : int, optional
+        Bytes the in-memory data groups (``log_likelihood`` unless written to a file, and
+        ``posterior_predictive``) may take; a larger request raises ``MemoryError`` naming the sizes
+        before anything is computed. By default the memory the system reports available.
 
     Returns
     -------
@@ -62,6 +78,14 @@ def to_inference_data(
         ``kinetic_energy``, ``thermostat``: ours; ``sampling_stage`` and ``cycle`` with a
         :class:`~pyro_sgmcmc.Cyclical` schedule, whose exploration draws are not returned: both groups then
         say so in their ``draws_kept`` attribute), and the requested data groups.
+
+    Notes
+    -----
+    The pointwise log-likelihood of draw :math:`s` and datum :math:`n` is
+    :math:`\\log p(y_n \\mid \\theta_s)`, the observed site's ``fn.log_prob(value)`` as Pyro's trace
+    records it in ``unscaled_log_prob`` (no plate scale, no mask). It is evaluated for all draws in blocks:
+    the memory used is the output arrays plus one block (tens of MB), and the time is a few passes over the
+    output (``benchmarks/loglik_export.py``).
 
     Examples
     --------
@@ -83,6 +107,14 @@ def to_inference_data(
 
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer; got {chunk_size!r}")
+    if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 0):
+        raise ValueError(f"max_memory must be None or a non-negative integer (bytes); got {max_memory!r}")
+    if log_likelihood_dtype is not None and not (
+        isinstance(log_likelihood_dtype, torch.dtype) and log_likelihood_dtype.is_floating_point
+    ):
+        raise TypeError(f"log_likelihood_dtype must be None or a floating torch.dtype; got {log_likelihood_dtype!r}")
+    if log_likelihood_path is not None and not isinstance(log_likelihood_path, (str, os.PathLike)):
+        raise TypeError(f"log_likelihood_path must be None or a path; got {type(log_likelihood_path).__name__}")
     from ..mcmc import MCMC
 
     if not isinstance(mcmc, (MCMC, pyro.infer.MCMC)):
@@ -111,22 +143,45 @@ def to_inference_data(
         )
     samples = {k: v.detach().cpu().numpy() for k, v in grouped.items()}
     num_chains, num_draws = next(iter(samples.values())).shape[:2]
-    dims = dict(dims or {})
+    user_dims = dict(dims or {})
+    dims = dict(user_dims)
     groups = {"posterior": samples, "sample_stats": _sample_stats(mcmc, num_chains, num_draws)}
+    log_likelihood_group = None
 
     if observed_data or log_likelihood or posterior_predictive:
-        data = _FullData(potential, kernel.state.position[0])
-        for name, axes in data.observed_axes.items():
-            dims.setdefault(name, axes)
+        data = FullData(potential, kernel.state.position[0])
+        for name, layout in data.layouts["observed_data"].items():
+            dims.setdefault(name, list(layout.dims))
+        total = num_chains * num_draws
+        held = {
+            "log_likelihood": log_likelihood and log_likelihood_path is None,
+            "posterior_predictive": posterior_predictive,
+        }
+        sizes = {group: data.nbytes(group, total, log_likelihood_dtype if group == "log_likelihood" else None)
+                 for group, wanted in held.items() if wanted}  # fmt: skip
+        check_fits(sizes, max_memory, "log_likelihood_path")
         if observed_data:
-            groups["observed_data"] = data.observed_values(kernel.state.position[0])
+            one = kernel.state.position[:1]
+            groups["observed_data"] = {k: v[0] for k, v in in_memory(data, "observed_data", one, 1, None).items()}
     if log_likelihood or posterior_predictive:
         positions = _unconstrained_draws(mcmc, potential, samples)
-        for group, wanted in (("log_likelihood", log_likelihood), ("posterior_predictive", posterior_predictive)):
-            if wanted:
-                values = data.evaluate(positions, chunk_size, predictive=group == "posterior_predictive")
-                groups[group] = {k: v.reshape(num_chains, num_draws, *v.shape[1:]) for k, v in values.items()}
+        if posterior_predictive:
+            values = in_memory(data, "posterior_predictive", positions, chunk_size, None)
+            groups["posterior_predictive"] = _by_chain(values, num_chains)
+        if log_likelihood and log_likelihood_path is not None:
+            log_likelihood_group = to_netcdf_file(
+                log_likelihood_path, data, positions, num_chains, chunk_size, log_likelihood_dtype, user_dims
+            )
+        elif log_likelihood:
+            values = in_memory(data, "log_likelihood", positions, chunk_size, log_likelihood_dtype)
+            values = _by_chain(values, num_chains)
+            layouts = data.layouts["log_likelihood"]
+            log_likelihood_group = az.dict_to_dataset(
+                values, coords=coords, dims={k: site_dims(k, layouts[k], user_dims) for k in values}
+            )
     idata = az.from_dict(**groups, coords=coords, dims=dims)
+    if log_likelihood_group is not None:
+        idata.add_groups(log_likelihood=log_likelihood_group, coords=coords)
     superchains = np.asarray(getattr(mcmc, "superchain_ids", torch.arange(num_chains)))
     partial = getattr(mcmc, "partial", None)
     # a cyclical schedule under pyro_sgmcmc.MCMC: only the sampling stages' draws are kept (pyro.infer.MCMC keeps all)
@@ -154,98 +209,6 @@ def _sample_stats(mcmc, num_chains: int, num_draws: int) -> Dict[str, np.ndarray
     return {"diverging": diverging}
 
 
-class _FullData:
-    """Evaluate observed sites on the full data, chunk by chunk of each subsampled plate."""
-
-    def __init__(self, potential, position: torch.Tensor) -> None:
-        self.potential = potential
-        self.plates = list(potential.subsample_plates)
-        self.chunks = [_plate_chunks(p.size, p.subsample_size, potential.device) for p in self.plates]
-        first = {p.name: chunks[0] for p, chunks in zip(self.plates, self.chunks)}
-        trace = _trace(potential, potential.unpack(position), first)
-        plate_names = {p.name for p in self.plates}
-        self.observed = [
-            name for name, site in trace.nodes.items() if site["type"] == "sample" and site["is_observed"]
-            and name not in potential.site_names and name not in plate_names
-        ]  # fmt: skip
-        self.observed_axes = {name: _plate_dims(name, trace.nodes[name]) for name in self.observed}
-        sizes = {p.name: p.size for p in self.plates}
-        self.full_shapes = {}
-        for name in self.observed:
-            shape = list(trace.nodes[name]["value"].shape)
-            for axis, dim_name in enumerate(self.observed_axes[name]):
-                if dim_name in sizes:
-                    shape[axis] = sizes[dim_name]
-            self.full_shapes[name] = tuple(shape)
-
-    def _combinations(self):
-        for combination in itertools.product(*self.chunks):
-            yield {p.name: chunk for p, chunk in zip(self.plates, combination)}
-
-    def observed_values(self, position: torch.Tensor) -> Dict[str, np.ndarray]:
-        out = {name: np.zeros(shape) for name, shape in self.full_shapes.items()}
-        for indices in self._combinations():
-            trace = _trace(self.potential, self.potential.unpack(position), indices)
-            for name in self.observed:
-                self._assign(out[name], (), name, indices, trace.nodes[name]["value"].detach().cpu().numpy())
-        return out
-
-    def evaluate(self, positions: torch.Tensor, chunk_size: int, predictive: bool) -> Dict[str, np.ndarray]:
-        potential, names = self.potential, self.observed
-        num_draws = positions.shape[0]
-        out = {name: np.zeros((num_draws, *shape)) for name, shape in self.full_shapes.items()}
-        model = poutine.uncondition(potential.model) if predictive else None
-
-        def one_draw(position, indices):
-            trace = _trace(potential, potential.unpack(position), indices, model=model)
-            if predictive:
-                return {name: trace.nodes[name]["value"] for name in names}
-            return {name: trace.nodes[name]["fn"].log_prob(trace.nodes[name]["value"]) for name in names}
-
-        batched = torch.func.vmap(one_draw, in_dims=(0, None), randomness="different")
-        with pyro.validation_enabled(False), torch.no_grad():
-            for start in range(0, num_draws, chunk_size):
-                chunk = positions[start : start + chunk_size]
-                for indices in self._combinations():
-                    try:
-                        values = batched(chunk, indices)
-                    except RuntimeError:  # an op without a batching rule: evaluate draw by draw
-                        rows = [one_draw(z, indices) for z in chunk]
-                        values = {k: torch.stack([r[k] for r in rows]) for k in names}
-                    for name in names:
-                        target = out[name][start : start + chunk.shape[0]]
-                        self._assign(target, (slice(None),), name, indices, values[name].detach().cpu().numpy())
-        return out
-
-    def _assign(self, target: np.ndarray, lead: tuple, name: str, indices, value: np.ndarray) -> None:
-        axes = self.observed_axes[name]
-        index = list(lead)
-        for axis, dim_name in enumerate(axes):
-            index.append(
-                indices[dim_name].cpu().numpy() if dim_name in indices else np.arange(value.shape[len(lead) + axis])
-            )
-        if lead:
-            index[0] = np.arange(value.shape[0])
-        target[np.ix_(*index)] = value
-
-
-def _plate_chunks(size: int, subsample_size: int, device) -> List[torch.Tensor]:
-    """Consecutive index chunks of length ``subsample_size`` covering ``range(size)`` (the last overlaps)."""
-    starts = list(range(0, size - subsample_size + 1, subsample_size))
-    if starts[-1] + subsample_size < size:
-        starts.append(size - subsample_size)
-    return [torch.arange(s, s + subsample_size, device=device) for s in starts]
-
-
-def _trace(potential, values: Dict[str, torch.Tensor], indices: Dict[str, torch.Tensor], model=None):
-    """Trace the model at unconstrained ``values`` with the given plate indices (not scaled, not summed)."""
-    data = dict(indices)
-    for site in potential.sites:
-        data[site.name] = site.transform(values[site.name])
-    model = poutine.condition(model or potential.model, data=data)
-    return poutine.trace(model).get_trace(*potential.model_args, **potential.model_kwargs)
-
-
 def _unconstrained_draws(mcmc, potential, samples) -> torch.Tensor:
     missing = [name for name in potential.site_names if name not in samples]
     if missing:
@@ -262,13 +225,6 @@ def _unconstrained_draws(mcmc, potential, samples) -> torch.Tensor:
     return potential.pack(flat, (next(iter(flat.values())).shape[0],))
 
 
-def _plate_dims(name: str, site) -> List[str]:
-    """Dim names of an observed site's value: plates by name, the rest ``<site>_dim_<i>``."""
-    value = site["value"]
-    event_dim = site["fn"].event_dim
-    batch_ndim = value.dim() - event_dim
-    names = [f"{name}_dim_{i}" for i in range(value.dim())]
-    for frame in site["cond_indep_stack"]:
-        if frame.vectorized and frame.dim is not None and -frame.dim <= batch_ndim:
-            names[batch_ndim + frame.dim] = frame.name
-    return names
+def _by_chain(values: Dict[str, np.ndarray], num_chains: int) -> Dict[str, np.ndarray]:
+    """``(chains * draws, ...)`` arrays, chain-major, as ``(chains, draws, ...)`` views."""
+    return {k: v.reshape(num_chains, v.shape[0] // num_chains, *v.shape[1:]) for k, v in values.items()}
