@@ -329,8 +329,8 @@ def assert_matches_reference(run: Run) -> List[Check]:
 
 
 # ---------------------------------------------------------------------------- settings
-# Each fast setting: 4 chains x 2,500 steps = 10,000 steps (about 1 ms each). Normalised curvatures
-# in the sampled coordinates: about 1 (u, = 1 / sigma^2) and 2 (log sigma) for the regressions,
+# Each fast setting: 4 chains x 2,500 steps = 10,000 chain-steps (2,500 vectorised steps of about 2.5 ms).
+# Normalised curvatures in the sampled coordinates: about 1 (u, = 1 / sigma^2) and 2 (log sigma) for the regressions,
 # 0.01 to 0.3 for eight schools. Warmup: at least 4 relaxation times of the slowest direction
 # (alpha / (eps a) steps for SGHMC, 1 / (eps a) for SGLD) from a start within about one posterior
 # sd of the bulk, so what is left of the start is below 2 % of an sd.
