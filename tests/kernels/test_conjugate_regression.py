@@ -66,7 +66,7 @@ def _batch_means_se(draws, batches_per_chain=10):
 
 KERNELS = {
     # (kernel, total draws over the chains, warmup steps of each chain). The standard errors in the comments
-    # were measured on 2026-11-27 (seed 0, four chains) and are the mean's / sd of the two coordinates.
+    # (of the mean, in posterior sds; of the sd, relative; both coordinates) were measured on 2026-11-27, seed 0.
     # eps * F = 0.04: discretisation + gradient-noise bias ~ 2 % of the variance; tau_int ~ 2 / 0.04 = 50 steps.
     # 90,000 draws: mean SE 0.015-0.018 sd (ESS ~3,500) against the 0.025 required; sd SE 0.7-0.8 %.
     "SGLD": (lambda: SGLD(regression_model, step_size=0.04), 90_000, 5_000),
