@@ -15,15 +15,21 @@ allows: 10 % variance inflation by gradient noise and 4 % by the discretisation,
 ``pyro_sgmcmc/kernels/preconditioning.py``). A wrong posterior is caught: the same run at temperature 2
 (every sd 41 % too large) fails the criterion (:func:`test_the_criterion_rejects_a_tempered_posterior`).
 
-SGLD and SGNHT run four chains, vectorised in one process (``pyro_sgmcmc.MCMC(..., num_chains=4,
-chain_method="vectorized")``, each from ``init_to_uniform`` with its own adaptation), and the criterion is
-applied to their pooled draws. Their stability rules take steps a quarter of SGHMC's (``c = 0.1`` against 0.4,
-``kernels/adapt/stability.py``), so per step they mix several times slower, and their first-order bias is
-larger: on sblri ``sigma`` (right-skewed, with a minibatch noise that grows as sigma falls) SGLD's defaults put
-the mean 0.07 +- 0.02 sd high (64 chains of 5,000 draws, the same before and after the noise generator changed).
-One chain of 20,000 draws leaves a Monte Carlo error of about 0.06 sd on top, so one run in twenty crossed
-0.2 (7 seeds: 0.01-0.21); four chains halve that error (bulk ESS 4x) for about twice the time of one, and a
-sampler whose bias is near the bound still fails.
+SGLD and SGNHT run four chains of 10,000 draws, vectorised in one process (``pyro_sgmcmc.MCMC(..., num_chains=4,
+chain_method="vectorized")``, each from ``init_to_uniform`` with its own 5,000-step adaptation), and the
+criterion is applied to their pooled draws. Their stability rules take steps a quarter of SGHMC's (``c = 0.1``
+against 0.4, ``kernels/adapt/stability.py``), so per step they mix several times slower, and their first-order
+bias is larger: on sblri ``sigma`` (right-skewed, with a minibatch noise that grows as sigma falls) SGLD's
+defaults put the mean 0.07 +- 0.02 sd high (64 chains of 5,000 draws, the same before and after the noise
+generator changed). One chain of 20,000 draws (smallest bulk ESS 284-355 in ``docs/preconditioning.rst``) leaves
+a Monte Carlo error of about 0.06 sd on top, so one run in twenty crossed 0.2 (7 seeds: 0.01-0.21). Four chains
+of 20,000 draws gave a bulk ESS of 1,000-2,000, far more than the 150 the criterion needs; four chains of 10,000
+gave a smallest ESS of 448, 574, 781 and 834 (sblri SGLD, sblri SGNHT, arK SGLD, arK SGNHT; 2026-11-27), a Monte
+Carlo error of at most 1 / sqrt(448) = 0.047 sd on the mean and 1 / sqrt(2 x 448) = 3.3 % on the sd. With
+sblri's bias of 0.07 sd, the mean bound of 0.2 sd is (0.2 - 0.07) / 0.047 = 2.8 standard errors away (a false
+failure about once in 400; that run's sigma error was 0.045 sd), and the sd bound leaves (15 - 5) / 3.3 = 3.0
+for a 5 % sd bias (once in 700): for 40 % fewer steps than four chains of 20,000, and a sampler whose bias is
+near the bound still fails.
 
 Diamonds (26 dimensions, posterior correlation condition number 2.5e5) is run and reported, not asserted.
 The seeds are fixed; they were not chosen by looking at the results.
@@ -59,8 +65,14 @@ KERNELS = {"SGLD": SGLD, "SGHMC": SGHMC, "SGNHT": SGNHT}
 MEAN_BOUND = 0.2  # posterior sds
 SD_BOUND = 0.15  # relative
 MIN_ESS = 150
-#: kernel -> chains of a run (module docstring)
+#: kernel -> chains of a run, and draws of each chain (module docstring)
 NUM_CHAINS = {"SGHMC": 1, "SGLD": 4, "SGNHT": 4}
+NUM_SAMPLES = {"SGHMC": 20000, "SGLD": 10000, "SGNHT": 10000}
+#: draws of the tempered run: its sds are sqrt(2) - 1 = 41 % too large against a bound of 15 %; its smallest
+#: bulk ESS at 20,000 draws was 677, so at 5,000 about 170, a Monte Carlo error of 1 / sqrt(2 x 170) = 5.4 % on
+#: each sd: the 26 % margin is 4.8 standard errors (a missed rejection about once in 10^6 per parameter).
+#: Measured at 5,000 (2026-11-27): ESS 131-175, sd errors +36 % to +53 %, every parameter rejected.
+TEMPERED_NUM_SAMPLES = 5000
 
 #: posterior -> minibatch size (about N / 4)
 SUBSAMPLE = {
@@ -76,18 +88,21 @@ SUBSAMPLE = {
 }
 
 
-def run_defaults(folder: str, kernel: str, batch: int, temperature: float = 1.0, seed: int = 0):
+def run_defaults(
+    folder: str, kernel: str, batch: int, temperature: float = 1.0, seed: int = 0, num_samples: int | None = None
+):
     """Per reference parameter ``(mean error in sds, relative sd error, bulk ESS)`` of the pooled draws; and each
-    chain's diagnostics."""
+    chain's diagnostics. ``num_samples``: draws per chain (default ``NUM_SAMPLES[kernel]``)."""
     model, _, names = build(folder, subsample_size=batch)
     pyro.set_rng_seed(seed)
     sampler = KERNELS[kernel](model) if temperature == 1.0 else KERNELS[kernel](model, temperature=temperature)
     num_chains = NUM_CHAINS[kernel]
+    num_samples = NUM_SAMPLES[kernel] if num_samples is None else num_samples
     if num_chains == 1:
-        mcmc = MCMC(sampler, warmup_steps=5000, num_samples=20000, disable_progbar=True)
+        mcmc = MCMC(sampler, warmup_steps=5000, num_samples=num_samples, disable_progbar=True)
     else:
         mcmc = pyro_sgmcmc.MCMC(
-            sampler, warmup_steps=5000, num_samples=20000, num_chains=num_chains, chain_method="vectorized",
+            sampler, warmup_steps=5000, num_samples=num_samples, num_chains=num_chains, chain_method="vectorized",
             disable_progbar=True, seed=seed,
         )  # fmt: skip
     mcmc.run()
@@ -139,8 +154,11 @@ def test_sgld_and_sgnht_defaults_match_the_reference(folder, kernel):
 
 
 def test_the_criterion_rejects_a_tempered_posterior():
-    """At temperature 2 every sd is sqrt(2) = 1.41 times the reference's: the criterion must see it."""
-    errors, diagnostics = run_defaults("sblri-blr", "SGHMC", SUBSAMPLE["sblri-blr"], temperature=2.0)
+    """At temperature 2 every sd is sqrt(2) = 1.41 times the reference's: the criterion must see it (the same
+    warmup, 5,000 draws: ``TEMPERED_NUM_SAMPLES``)."""
+    errors, diagnostics = run_defaults(
+        "sblri-blr", "SGHMC", SUBSAMPLE["sblri-blr"], temperature=2.0, num_samples=TEMPERED_NUM_SAMPLES
+    )
     print("\n" + _report("sblri-blr at T = 2", "SGHMC", errors, diagnostics))
     assert all(e[1] > SD_BOUND for e in errors.values())
 
