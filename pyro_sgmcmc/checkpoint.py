@@ -36,8 +36,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
@@ -50,6 +51,7 @@ __all__ = [
     "write_chunk",
     "read_chunk",
     "read_chunks",
+    "iter_chunks",
     "commit_files",
     "chunk_directory",
     "clear_chunks",
@@ -144,14 +146,26 @@ def _serialise(payload: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _load(data: bytes, what: str) -> Any:
+def _load(source: Union[bytes, Path], what: str) -> Any:
+    """Unpickle a checkpoint file (its bytes, or a path: then its tensors are memory-mapped, not copied) with
+    ``weights_only=True``; :class:`CheckpointMismatch` naming ``what`` if it cannot be read that way."""
     try:
-        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        if isinstance(source, Path):
+            return torch.load(source, weights_only=True, map_location="cpu", mmap=True)
+        return torch.load(io.BytesIO(source), weights_only=True, map_location="cpu")
     except Exception as error:  # truncated, not a torch file, a pickle of something else, ...
-        raise CheckpointMismatch(
-            f"{what} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: "
-            f"{(str(error).splitlines() or [''])[0]})"
-        ) from error
+        raise CheckpointMismatch(f"{what} is not a readable pyro_sgmcmc checkpoint ({_reason(error)})") from error
+
+
+def _reason(error: Exception) -> str:
+    """Why a file could not be read, without PyTorch's advice to retry with ``weights_only=False`` (which would
+    run whatever code a crafted file holds)."""
+    if isinstance(error, pickle.UnpicklingError) or "weights_only" in str(error):
+        return (
+            "it holds objects other than tensors, numbers, strings and containers of them, which are refused "
+            "unread: a checkpoint never holds them"
+        )
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
 
 
 def chunk_directory(path: Union[str, os.PathLike]) -> Path:
@@ -215,50 +229,61 @@ def read_chunk(
     """Read and verify one chunk: ``(positions, stats, entry of the previous chunk)``.
 
     A missing chunk, one whose bytes differ from the SHA-256 in ``entry`` or one that does not hold
-    draws is a :class:`CheckpointMismatch` naming it.
+    draws is a :class:`CheckpointMismatch` naming it. The file is hashed in blocks and its tensors are
+    memory-mapped (``torch.load(mmap=True)``), so reading it allocates no copy of its draws; a file replaced
+    between the hash and the load (another inode, size or modification time) is refused too.
     """
     if not isinstance(entry, dict) or not all(k in entry for k in ("file", "start", "stop", "sha256")):
         raise CheckpointMismatch(f"checkpoint {path}: a draw-chunk record is malformed ({entry!r})")
-    file, data = _read_verified(
-        path, entry, lambda file: f"the draw chunk {file}", f" (draws {entry['start']}-{entry['stop']})"
-    )
-    chunk = _load(data, f"the draw chunk {file}")
+    file = chunk_directory(path) / Path(str(entry["file"])).name
+    what = f"checkpoint {path}: the draw chunk {file}"
+    if not file.is_file():
+        raise CheckpointMismatch(f"{what} is missing")
+    with open(file, "rb") as handle:
+        identity, digest = _identity(os.fstat(handle.fileno())), hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != entry["sha256"]:
+        raise CheckpointMismatch(
+            f"{what} (draws {entry['start']}-{entry['stop']}) does not match its checksum: it was damaged or altered"
+        )
+    chunk = _load(file, f"the draw chunk {file}")
+    if _identity(os.stat(file)) != identity:
+        raise CheckpointMismatch(f"{what} was replaced while it was read: another process writes this checkpoint")
     if not isinstance(chunk, dict) or not isinstance(chunk.get("positions"), torch.Tensor):
-        raise CheckpointMismatch(f"checkpoint {path}: the draw chunk {file} does not hold draws")
+        raise CheckpointMismatch(f"{what} does not hold draws")
     return chunk["positions"], dict(chunk.get("stats") or {}), chunk.get("previous")
 
 
-def read_chunks(
+def _identity(status: os.stat_result) -> Tuple[int, int, int, int]:
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def iter_chunks(
     path: Union[str, os.PathLike], last: Optional[dict]
-) -> List[Tuple[dict, torch.Tensor, Dict[str, torch.Tensor]]]:
-    """Follow the hash chain back from the ``last`` chunk: ``[(entry, positions, stats), ...]`` from draw 0."""
-    chunks = []
+) -> Iterator[Tuple[dict, torch.Tensor, Dict[str, torch.Tensor]]]:
+    """Follow the hash chain back from the ``last`` chunk, one chunk at a time: ``(entry, positions, stats)``
+    from the last draws to draw 0 (each chunk verified, and checked to end where the next one starts), so
+    that a reader holds one chunk at a time."""
     entry = last
     while entry is not None:
         positions, stats, previous = read_chunk(path, entry)
-        chunks.append((entry, positions, stats))
         if previous is not None and (not isinstance(previous, dict) or previous.get("stop") != entry["start"]):
             raise CheckpointMismatch(
                 f"checkpoint {path}: the draw chunk {entry['file']} does not follow the one it names ({previous!r})"
             )
         if previous is None and entry["start"] != 0:
             raise CheckpointMismatch(f"checkpoint {path}: the first draw chunk {entry['file']} does not start at 0")
+        yield entry, positions, stats
+        del positions, stats
         entry = previous
-    return chunks[::-1]
 
 
-def _read_verified(path, entry: dict, describe: Callable[[Path], str], detail: str = "") -> Tuple[Path, bytes]:
-    """The bytes of the file ``entry`` names in the checkpoint's directory, checked against its SHA-256;
-    :class:`CheckpointMismatch` (``describe(file)`` naming it) when it is missing or altered."""
-    file = chunk_directory(path) / Path(str(entry["file"])).name
-    if not file.is_file():
-        raise CheckpointMismatch(f"checkpoint {path}: {describe(file)} is missing")
-    data = file.read_bytes()
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointMismatch(
-            f"checkpoint {path}: {describe(file)}{detail} does not match its checksum: it was damaged or altered"
-        )
-    return file, data
+def read_chunks(
+    path: Union[str, os.PathLike], last: Optional[dict]
+) -> List[Tuple[dict, torch.Tensor, Dict[str, torch.Tensor]]]:
+    """All the chunks of :func:`iter_chunks` at once, from draw 0 (a resume streams them instead)."""
+    return list(iter_chunks(path, last))[::-1]
 
 
 def save_checkpoint(

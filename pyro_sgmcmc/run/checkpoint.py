@@ -26,8 +26,8 @@ from ..checkpoint import (
     CheckpointWriteError,
     check_serialisable,
     commit_files,
+    iter_chunks,
     load_checkpoint,
-    read_chunks,
     save_checkpoint,
     write_chunk,
 )
@@ -37,6 +37,7 @@ from ..kernels.configuration import tensor_digest
 from .checkpoint_directory import check_writable, prepare_fresh_start, remove_stale_temporaries
 from .checkpoint_lock import CheckpointLock
 from .length import RunLength
+from .restore_checks import RunLayout, check_kernel_state, check_last_chunk
 
 __all__ = ["RunCheckpoint", "open_checkpoint", "fingerprint"]
 
@@ -197,18 +198,20 @@ class RunCheckpoint:
             raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
         self.saved, self.on_disk = saved, steps_done
 
-    def restore(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength) -> None:
+    def restore(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength, layout: RunLayout) -> None:
         """The loaded checkpoint's draws into ``store`` and its chains into ``kernel`` (prepared with
-        :meth:`~SGMCMCKernel.prepare_chains`: :meth:`~SGMCMCKernel.restore_chains` does the rest of the set-up)."""
+        :meth:`~SGMCMCKernel.prepare_chains`: :meth:`~SGMCMCKernel.restore_chains` does the rest of the set-up).
+
+        Every field is checked against the run (``layout``: :mod:`~pyro_sgmcmc.run.restore_checks`) before
+        anything is made from it, and the draws are streamed: one chunk at a time is read, verified and copied
+        into ``store`` (preallocated), so a resume holds the draws once plus one chunk."""
         saved, steps_done = self.saved, self.saved["steps_done"]
         expected = length.draws_after(steps_done)
-        for entry, positions, stats in read_chunks(self.path, saved.get("last_chunk")):
-            self._extend(store, entry, positions, stats)
-        if store.count != expected:
-            raise CheckpointMismatch(
-                f"checkpoint {self.path}: {store.count} draws saved, but a run stopped after {steps_done} steps keeps "
-                f"{expected}"
-            )
+        check_last_chunk(self.path, saved.get("last_chunk"), expected, steps_done)
+        check_kernel_state(self.path, saved["kernel"], steps_done, layout)
+        for entry, positions, stats in iter_chunks(self.path, saved.get("last_chunk")):
+            self._place(store, entry, positions, stats)
+            del positions, stats  # one chunk at a time
         try:
             kernel.restore_chains(saved["kernel"])
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
@@ -220,8 +223,9 @@ class RunCheckpoint:
         self.last_chunk, self.written, self.steps_done = saved.get("last_chunk"), store.count, steps_done
         self.saved = None  # the run continues: the index is not kept
 
-    def _extend(self, store: DrawStore, entry: dict, positions: torch.Tensor, stats: Dict[str, torch.Tensor]) -> None:
-        """Check one chunk's draws against this run (shapes, dtype, finite) and append them to ``store``."""
+    def _place(self, store: DrawStore, entry: dict, positions: torch.Tensor, stats: Dict[str, torch.Tensor]) -> None:
+        """Check one chunk's draws against this run (shapes, dtype, finite) and copy them to their place in
+        ``store``."""
         expected = (store.num_chains, entry["stop"] - entry["start"], store.positions.shape[-1])
         if tuple(positions.shape) != expected or positions.dtype != store.positions.dtype:
             raise CheckpointMismatch(
@@ -231,9 +235,7 @@ class RunCheckpoint:
         if not bool(torch.isfinite(positions).all()):
             raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']} holds non-finite positions")
         try:
-            store.extend(
-                positions.to(store.positions.device), {k: v.to(store.positions.device) for k, v in stats.items()}
-            )
+            store.place(entry["start"], positions, stats)
         except (ValueError, RuntimeError) as error:
             raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']}: {error}") from error
 
