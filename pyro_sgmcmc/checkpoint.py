@@ -337,14 +337,19 @@ def _verify(path, payload: dict) -> None:
             )
 
 
-def _differences(theirs: Any, ours: Any) -> str:
-    """The settings that differ, one per line (all of both when they are not comparable)."""
+def _differences(theirs: Any, ours: Any, prefix: str = "") -> str:
+    """The settings that differ, one per line, each named by its full path (``kernel.step_size``): nested
+    settings are compared field by field, so a line shows the field that differs, not the whole record."""
     if not (isinstance(theirs, dict) and isinstance(ours, dict)):
-        return f"  theirs {theirs}\n  ours   {ours}"
+        return f"  {prefix or 'settings'}: theirs {theirs!r}, ours {ours!r}"
     lines = []
     for key in list(ours) + [k for k in theirs if k not in ours]:
         if theirs.get(key) != ours.get(key):
-            lines.append(f"  {key}: theirs {theirs.get(key, '(absent)')!r}, ours {ours.get(key, '(absent)')!r}")
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(theirs.get(key), dict) and isinstance(ours.get(key), dict):
+                lines.append(_differences(theirs[key], ours[key], name))
+            else:
+                lines.append(f"  {name}: theirs {theirs.get(key, '(absent)')!r}, ours {ours.get(key, '(absent)')!r}")
     return "\n".join(lines)
 
 
