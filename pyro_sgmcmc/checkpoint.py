@@ -241,8 +241,9 @@ def read_chunk(
         raise CheckpointMismatch(f"{what} is missing")
     with open(file, "rb") as handle:
         identity, digest = _identity(os.fstat(handle.fileno())), hashlib.sha256()
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+        buffer = memoryview(bytearray(1 << 18))  # one buffer for all the blocks: nothing grows with the file
+        while size := handle.readinto(buffer):
+            digest.update(buffer[:size])
     if digest.hexdigest() != entry["sha256"]:
         raise CheckpointMismatch(
             f"{what} (draws {entry['start']}-{entry['stop']}) does not match its checksum: it was damaged or altered"

@@ -232,12 +232,19 @@ class RunCheckpoint:
                 f"checkpoint {self.path}: draw chunk {entry['file']} holds positions of shape {tuple(positions.shape)} "
                 f"({positions.dtype}); this run's are {expected} ({store.positions.dtype})"
             )
-        if not bool(torch.isfinite(positions).all()):
+        if not _all_finite(positions):
             raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']} holds non-finite positions")
         try:
             store.place(entry["start"], positions, stats)
         except (ValueError, RuntimeError) as error:
             raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']}: {error}") from error
+
+
+def _all_finite(tensor: torch.Tensor, block: int = 1 << 16) -> bool:
+    """Whether every element is finite, checked ``block`` elements at a time (``torch.isfinite`` of a whole chunk
+    would make temporaries larger than the chunk itself)."""
+    flat = tensor.reshape(-1)
+    return all(bool(torch.isfinite(flat[i : i + block]).all()) for i in range(0, flat.numel(), block))
 
 
 def _validate_state(path: Path, kernel: SGMCMCKernel, steps_done: int) -> None:
