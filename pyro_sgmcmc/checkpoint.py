@@ -44,6 +44,7 @@ import torch
 
 from .atomic_write import commit_files, temporary_name
 from .checkpoint_errors import CheckpointError, CheckpointInUse, CheckpointMismatch, CheckpointWriteError
+from .checkpoint_signature import check_signature, signature
 
 __all__ = [
     "save_checkpoint",
@@ -56,6 +57,7 @@ __all__ = [
     "chunk_directory",
     "clear_chunks",
     "checksums",
+    "signature",
     "check_serialisable",
     "expected_draws",
     "temporary_name",
@@ -288,17 +290,24 @@ def read_chunks(
 
 
 def save_checkpoint(
-    payload: dict, path: Union[str, os.PathLike], sync: bool = True, pending: Optional[list] = None
+    payload: dict,
+    path: Union[str, os.PathLike],
+    sync: bool = True,
+    pending: Optional[list] = None,
+    key: Optional[bytes] = None,
 ) -> None:
     """Write the index ``payload`` (with its format version and checksums) to ``path`` atomically
-    (``fsync``-ed first with ``sync``)."""
+    (``fsync``-ed first with ``sync``); with a ``key``, signed (:func:`signature`)."""
     payload = {"format_version": FORMAT_VERSION, **payload}
     payload["checksums"] = checksums(payload)
+    if key is not None:
+        payload["signature"] = signature(key, payload["checksums"])
     _write_atomically(_serialise(payload), Path(path), sync, pending)
 
 
-def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
-    """Read a checkpoint's index, verify every record's checksum and that it belongs to ``fingerprint``'s run."""
+def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any, key: Optional[bytes] = None) -> dict:
+    """Read a checkpoint's index, verify its signature (with a ``key``), every record's checksum and that it belongs
+    to ``fingerprint``'s run."""
     payload = _load(Path(path).read_bytes(), str(path))
     if not isinstance(payload, dict):
         raise CheckpointMismatch(f"{path} is not a pyro_sgmcmc checkpoint (it holds a {type(payload).__name__})")
@@ -313,6 +322,7 @@ def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
             f"checkpoint {path} has format {version!r}, expected {FORMAT_VERSION}{earlier}: start the run afresh "
             "(resume=False, or another checkpoint path)"
         )
+    check_signature(path, payload, key)
     _verify(path, payload)
     if payload.get("fingerprint") != fingerprint:
         raise CheckpointMismatch(
@@ -328,7 +338,7 @@ def _verify(path, payload: dict) -> None:
     saved = payload.get("checksums")
     if not isinstance(saved, dict):
         raise CheckpointMismatch(f"checkpoint {path} has no checksums")
-    actual = checksums({k: v for k, v in payload.items() if k != "checksums"})
+    actual = checksums({k: v for k, v in payload.items() if k not in ("checksums", "signature")})
     for name in sorted(set(saved) | set(actual)):
         if saved.get(name) != actual.get(name):
             state = "missing" if name not in actual else "unlisted" if name not in saved else "altered or damaged"

@@ -42,7 +42,9 @@ from .restore_checks import RunLayout, check_kernel_state, check_last_chunk
 __all__ = ["RunCheckpoint", "open_checkpoint", "fingerprint"]
 
 
-def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume: bool, sync: bool) -> "RunCheckpoint":
+def open_checkpoint(
+    path: Path, fingerprint: dict, length: RunLength, *, resume: bool, sync: bool, key: Optional[bytes] = None
+) -> "RunCheckpoint":
     """The run's checkpoint at ``path``, held by this run until :meth:`RunCheckpoint.close`.
 
     Its directory is probed (:func:`~pyro_sgmcmc.run.checkpoint_directory.check_writable`: a
@@ -54,7 +56,7 @@ def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume:
     matching one then restores them (:meth:`RunCheckpoint.restore`) instead of it (:meth:`RunCheckpoint.start`).
     """
     check_writable(path, sync)
-    checkpoint = RunCheckpoint(path, fingerprint, sync)
+    checkpoint = RunCheckpoint(path, fingerprint, sync, key)
     checkpoint.lock = CheckpointLock(path)
     try:
         remove_stale_temporaries(path)
@@ -100,10 +102,11 @@ def fingerprint(
 class RunCheckpoint:
     """A run's checkpoint: the draw chunks written so far and the index that lists them (see the module)."""
 
-    def __init__(self, path: Path, fingerprint: dict, sync: bool = True) -> None:
+    def __init__(self, path: Path, fingerprint: dict, sync: bool = True, key: Optional[bytes] = None) -> None:
         self.path = path
         self.fingerprint = fingerprint
         self.sync = sync
+        self.key = key  # signs the index (HMAC-SHA256) and is required of the one resumed: CheckpointSettings.key
         self.last_chunk: Optional[dict] = None  # the entry of the last chunk written (the hash chain's end)
         self.written = 0  # draws already in chunk files
         self.steps_done = 0
@@ -134,7 +137,7 @@ class RunCheckpoint:
                 "kernel": state,
                 "last_chunk": last_chunk,
             }
-            save_checkpoint(payload, self.path, pending=pending)
+            save_checkpoint(payload, self.path, pending=pending, key=self.key)
             commit_files(pending, self.sync)
         except OSError as error:
             raise self._write_error(error, steps_done) from error
@@ -186,7 +189,7 @@ class RunCheckpoint:
 
     def load(self, length: RunLength) -> None:
         """Read and verify the index (records, fingerprint, step counter): before the chains' set-up."""
-        saved = load_checkpoint(self.path, self.fingerprint)
+        saved = load_checkpoint(self.path, self.fingerprint, self.key)
         steps_done = saved.get("steps_done")
         total = length.total_steps
         if isinstance(steps_done, bool) or not isinstance(steps_done, int) or not 0 <= steps_done <= total:

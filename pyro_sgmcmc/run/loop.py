@@ -175,7 +175,9 @@ class ChainRun:
             initial_params=chains.initial_params,
         )
         checkpoint = self.checkpoint
-        return open_checkpoint(checkpoint.path, settings, self.length, resume=checkpoint.resume, sync=checkpoint.sync)
+        return open_checkpoint(
+            checkpoint.path, settings, self.length, resume=checkpoint.resume, sync=checkpoint.sync, key=checkpoint.key
+        )
 
     def _layout(self) -> RunLayout:
         """What a restored state is checked against (:mod:`~pyro_sgmcmc.run.restore_checks`): this run's chains,
