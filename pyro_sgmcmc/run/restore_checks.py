@@ -20,7 +20,8 @@ allocated, no loop run and no index drawn from a forged value. With ``C`` chains
 * a control variate's ``centre`` and ``grad`` of shape ``(D,)`` and ``potential`` a scalar, of the run's dtype;
 * every other tensor (the warmup's adapted metric and step sizes, its statistics): a leading axis of
   ``C``, at most three axes, each other axis ``1`` or ``D`` (so it holds at most ``C D^2`` numbers),
-  of the run's dtype, ``float64``, ``int64`` or ``bool``, and no NaN; every other integer non-negative.
+  of the run's dtype, ``float64``, ``int64`` or ``bool`` (NaN allowed: a diverged chain's warmup statistics hold
+  some); every other integer non-negative.
 
 A field that fails is a :class:`~pyro_sgmcmc.checkpoint.CheckpointMismatch` naming it, e.g.
 ``minibatches['data'].cursor: 1000000000 is outside [0, 300]``. Tensors are on the CPU: the checkpoint
@@ -239,7 +240,8 @@ class _Checker:
             self.fail(field, f"a {type(value).__name__} is not part of a kernel's state")
 
     def bounded_tensor(self, value: torch.Tensor, field: str) -> None:
-        """A per-chain tensor: ``(C, ...)`` with at most two more axes of size 1 or ``D``, of a known dtype, no NaN."""
+        """A per-chain tensor: ``(C, ...)`` with at most two more axes of size 1 or ``D``, of a known dtype (its values
+    may be NaN: a diverged chain's warmup statistics are, and the run goes on)."""
         C, D, dtype = self.run.num_chains, self.run.dim, self.run.dtype
         shape = tuple(value.shape)
         if not 1 <= len(shape) <= 3 or shape[0] != C or any(n not in (1, D) for n in shape[1:]):
@@ -247,8 +249,6 @@ class _Checker:
                       f"or {D})")  # fmt: skip
         if value.dtype not in (dtype, torch.float64, torch.int64, torch.bool):
             self.fail(field, f"dtype {value.dtype}, this run's are {dtype}, torch.float64, torch.int64 or torch.bool")
-        if value.is_floating_point() and bool(torch.isnan(value).any()):
-            self.fail(field, "holds NaN")
 
 
 def _mapping(checker: _Checker, value: Any, field: str) -> dict:

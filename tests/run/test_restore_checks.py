@@ -108,7 +108,7 @@ CASES = {
     "step-size-shape": (_set("adaptation", "step_size", torch.ones(6, 10**4)),
                         r"adaptation\.step_size: shape \(6, 10000\) is not a per-chain tensor"),
     "metric-dtype": (_set("adaptation", "factor", lambda f: f.half()), r"adaptation\.factor: dtype torch\.float16"),
-    "nan-step-size": (_set("last_step_size", lambda s: s * float("nan")), r"last_step_size: holds NaN"),
+    "step-size-dtype": (_set("last_step_size", lambda s: s.half()), r"last_step_size: dtype torch\.float16"),
     "keys-dtype": (_set("minibatches", "keys", "data", lambda k: k.int()), r"minibatches\['data'\]\.keys: dtype"),
     # the divergence record's structure
     "divergences-not-per-chain": (_set("divergences", [[]]), r"divergences: \[\[\]\] is not a list of 6 lists"),
@@ -170,3 +170,32 @@ def test_a_kernel_of_other_settings_is_refused_naming_the_field_that_differs(che
     lines = str(raised.value).splitlines()[1:-1]
     assert len(lines) == 1 and lines[0].startswith("  kernel.step_size: theirs"), lines
     assert "0.02" in lines[0] and "0.03" in lines[0]
+
+
+def test_a_checkpoint_with_divergences_passes_every_check(tmp_path):
+    """The checks refuse forged fields, not a run that diverged: SGNHT with too large a step diverges in warmup and
+    while sampling, restarting the chains; its checkpoint, with both kinds of divergence recorded, resumes."""
+    import warnings
+
+    import pyro
+
+    from pyro_sgmcmc import MCMC, SGNHT, CheckpointSettings
+
+    def run(hook=None):
+        pyro.set_rng_seed(0)
+        kernel = SGNHT(script.model, step_size=0.3, adapt_step_size=False, on_divergence="restart")
+        mcmc = MCMC(kernel, checkpoint=CheckpointSettings(tmp_path / "run.ckpt", every=10), hook_fn=hook,
+                    disable_progbar=True, **script.SETTINGS)  # fmt: skip
+        mcmc.run(*script.data())
+        return mcmc
+
+    def interrupt(kernel, params, stage, i):
+        if kernel.state.step == 77:
+            raise Interrupt
+
+    warnings.simplefilter("ignore")  # the divergences' warnings (restored by pytest after the test)
+    with pytest.raises(Interrupt):
+        run(interrupt)
+    saved = torch.load(tmp_path / "run.ckpt", weights_only=True)["kernel"]
+    assert any(saved["divergences"]) and int(saved["num_warmup_divergences"].sum()) > 0  # both kinds recorded
+    assert run().get_samples(group_by_chain=True)["w"].shape == (6, 60, 3)
