@@ -199,3 +199,23 @@ def test_a_checkpoint_with_divergences_passes_every_check(tmp_path):
     saved = torch.load(tmp_path / "run.ckpt", weights_only=True)["kernel"]
     assert any(saved["divergences"]) and int(saved["num_warmup_divergences"].sum()) > 0  # both kinds recorded
     assert run().get_samples(group_by_chain=True)["w"].shape == (6, 60, 3)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("centre", torch.zeros(7), r"control_variate\.centre: shape \(7,\), this run's is \(3,\)"),
+     ("grad", torch.zeros(3, dtype=torch.float64), r"control_variate\.grad: dtype torch\.float64"),
+     ("potential", torch.tensor(float("inf")), r"control_variate\.potential: not finite")],
+)  # fmt: skip
+def test_a_forged_control_variate_centre_is_refused_naming_it(tmp_path, nothing_restored, field, value, message):
+    """A control variate's centre, its full-data gradient and potential (given centre: one full-data pass)."""
+    from . import test_resume_setup as setup
+
+    path = tmp_path / "run.ckpt"
+    setup.interrupted(path, 25, centre="dict")
+    index = torch.load(path, weights_only=True)
+    index["kernel"]["control_variate"][field] = value
+    index["checksums"] = checksums({k: v for k, v in index.items() if k != "checksums"})
+    torch.save(index, path)
+    with pytest.raises(CheckpointMismatch, match=message):
+        setup.run(path, centre="dict")
