@@ -22,6 +22,7 @@ allocated, no loop run and no index drawn from a forged value. With ``C`` chains
   ``C``, at most three axes, each other axis ``1`` or ``D`` (so it holds at most ``C D^2`` numbers),
   of the run's dtype, ``float64``, ``int64`` or ``bool`` (NaN allowed: a diverged chain's warmup statistics hold
   some); every other integer non-negative.
+  A user's step-size schedule's own state (``step_size_schedule``) is its ``load_state_dict``'s to check.
 
 A field that fails is a :class:`~pyro_sgmcmc.checkpoint.CheckpointMismatch` naming it, e.g.
 ``minibatches['data'].cursor: 1000000000 is outside [0, 300]``. Tensors are on the CPU: the checkpoint
@@ -44,9 +45,11 @@ __all__ = ["RunLayout", "check_kernel_state", "check_last_chunk"]
 MAX_EPOCH = 2**62
 #: The fields of the divergence record, checked together by :func:`_check_divergences`.
 _DIVERGENCE_FIELDS = ("divergences", "num_warmup_divergences", "num_divergences", "frozen", "divergence_log")
-#: Fields checked by their own rule (not the generic one for the warmup's tensors).
+#: Records of user code, which checks them itself: a step-size schedule's own state (its ``load_state_dict``).
+USER_RECORDS = ("step_size_schedule",)
+#: Fields checked by their own rule (not the generic one for the warmup's tensors), or by their owner.
 _OWN_RULES = ("state", "seed", "chain_ids", "minibatches", "control_variate", "control_variate_candidate",
-              "last_diverging", *_DIVERGENCE_FIELDS)  # fmt: skip
+              "last_diverging", *_DIVERGENCE_FIELDS, *USER_RECORDS)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,7 @@ class _Checker:
 
     def bounded_tensor(self, value: torch.Tensor, field: str) -> None:
         """A per-chain tensor: ``(C, ...)`` with at most two more axes of size 1 or ``D``, of a known dtype (its values
-    may be NaN: a diverged chain's warmup statistics are, and the run goes on)."""
+        may be NaN: a diverged chain's warmup statistics are, and the run goes on)."""
         C, D, dtype = self.run.num_chains, self.run.dim, self.run.dtype
         shape = tuple(value.shape)
         if not 1 <= len(shape) <= 3 or shape[0] != C or any(n not in (1, D) for n in shape[1:]):
