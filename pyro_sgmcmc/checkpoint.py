@@ -36,13 +36,15 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
 from .atomic_write import commit_files, temporary_name
 from .checkpoint_errors import CheckpointError, CheckpointInUse, CheckpointMismatch, CheckpointWriteError
+from .checkpoint_signature import check_signature, signature
 
 __all__ = [
     "save_checkpoint",
@@ -50,10 +52,12 @@ __all__ = [
     "write_chunk",
     "read_chunk",
     "read_chunks",
+    "iter_chunks",
     "commit_files",
     "chunk_directory",
     "clear_chunks",
     "checksums",
+    "signature",
     "check_serialisable",
     "expected_draws",
     "temporary_name",
@@ -144,14 +148,26 @@ def _serialise(payload: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _load(data: bytes, what: str) -> Any:
+def _load(source: Union[bytes, Path], what: str) -> Any:
+    """Unpickle a checkpoint file (its bytes, or a path: then its tensors are memory-mapped, not copied) with
+    ``weights_only=True``; :class:`CheckpointMismatch` naming ``what`` if it cannot be read that way."""
     try:
-        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        if isinstance(source, Path):
+            return torch.load(source, weights_only=True, map_location="cpu", mmap=True)
+        return torch.load(io.BytesIO(source), weights_only=True, map_location="cpu")
     except Exception as error:  # truncated, not a torch file, a pickle of something else, ...
-        raise CheckpointMismatch(
-            f"{what} is not a readable pyro_sgmcmc checkpoint ({type(error).__name__}: "
-            f"{(str(error).splitlines() or [''])[0]})"
-        ) from error
+        raise CheckpointMismatch(f"{what} is not a readable pyro_sgmcmc checkpoint ({_reason(error)})") from error
+
+
+def _reason(error: Exception) -> str:
+    """Why a file could not be read, without PyTorch's advice to retry with ``weights_only=False`` (which would
+    run whatever code a crafted file holds)."""
+    if isinstance(error, pickle.UnpicklingError) or "weights_only" in str(error):
+        return (
+            "it holds objects other than tensors, numbers, strings and containers of them, which are refused "
+            "unread: a checkpoint never holds them"
+        )
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
 
 
 def chunk_directory(path: Union[str, os.PathLike]) -> Path:
@@ -215,64 +231,83 @@ def read_chunk(
     """Read and verify one chunk: ``(positions, stats, entry of the previous chunk)``.
 
     A missing chunk, one whose bytes differ from the SHA-256 in ``entry`` or one that does not hold
-    draws is a :class:`CheckpointMismatch` naming it.
+    draws is a :class:`CheckpointMismatch` naming it. The file is hashed in blocks and its tensors are
+    memory-mapped (``torch.load(mmap=True)``), so reading it allocates no copy of its draws; a file replaced
+    between the hash and the load (another inode, size or modification time) is refused too.
     """
     if not isinstance(entry, dict) or not all(k in entry for k in ("file", "start", "stop", "sha256")):
         raise CheckpointMismatch(f"checkpoint {path}: a draw-chunk record is malformed ({entry!r})")
-    file, data = _read_verified(
-        path, entry, lambda file: f"the draw chunk {file}", f" (draws {entry['start']}-{entry['stop']})"
-    )
-    chunk = _load(data, f"the draw chunk {file}")
+    file = chunk_directory(path) / Path(str(entry["file"])).name
+    what = f"checkpoint {path}: the draw chunk {file}"
+    if not file.is_file():
+        raise CheckpointMismatch(f"{what} is missing")
+    with open(file, "rb") as handle:
+        identity, digest = _identity(os.fstat(handle.fileno())), hashlib.sha256()
+        buffer = memoryview(bytearray(1 << 18))  # one buffer for all the blocks: nothing grows with the file
+        while size := handle.readinto(buffer):
+            digest.update(buffer[:size])
+    if digest.hexdigest() != entry["sha256"]:
+        raise CheckpointMismatch(
+            f"{what} (draws {entry['start']}-{entry['stop']}) does not match its checksum: it was damaged or altered"
+        )
+    chunk = _load(file, f"the draw chunk {file}")
+    if _identity(os.stat(file)) != identity:
+        raise CheckpointMismatch(f"{what} was replaced while it was read: another process writes this checkpoint")
     if not isinstance(chunk, dict) or not isinstance(chunk.get("positions"), torch.Tensor):
-        raise CheckpointMismatch(f"checkpoint {path}: the draw chunk {file} does not hold draws")
+        raise CheckpointMismatch(f"{what} does not hold draws")
     return chunk["positions"], dict(chunk.get("stats") or {}), chunk.get("previous")
 
 
-def read_chunks(
+def _identity(status: os.stat_result) -> Tuple[int, int, int, int]:
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def iter_chunks(
     path: Union[str, os.PathLike], last: Optional[dict]
-) -> List[Tuple[dict, torch.Tensor, Dict[str, torch.Tensor]]]:
-    """Follow the hash chain back from the ``last`` chunk: ``[(entry, positions, stats), ...]`` from draw 0."""
-    chunks = []
+) -> Iterator[Tuple[dict, torch.Tensor, Dict[str, torch.Tensor]]]:
+    """Follow the hash chain back from the ``last`` chunk, one chunk at a time: ``(entry, positions, stats)``
+    from the last draws to draw 0 (each chunk verified, and checked to end where the next one starts), so
+    that a reader holds one chunk at a time."""
     entry = last
     while entry is not None:
         positions, stats, previous = read_chunk(path, entry)
-        chunks.append((entry, positions, stats))
         if previous is not None and (not isinstance(previous, dict) or previous.get("stop") != entry["start"]):
             raise CheckpointMismatch(
                 f"checkpoint {path}: the draw chunk {entry['file']} does not follow the one it names ({previous!r})"
             )
         if previous is None and entry["start"] != 0:
             raise CheckpointMismatch(f"checkpoint {path}: the first draw chunk {entry['file']} does not start at 0")
+        yield entry, positions, stats
+        del positions, stats
         entry = previous
-    return chunks[::-1]
 
 
-def _read_verified(path, entry: dict, describe: Callable[[Path], str], detail: str = "") -> Tuple[Path, bytes]:
-    """The bytes of the file ``entry`` names in the checkpoint's directory, checked against its SHA-256;
-    :class:`CheckpointMismatch` (``describe(file)`` naming it) when it is missing or altered."""
-    file = chunk_directory(path) / Path(str(entry["file"])).name
-    if not file.is_file():
-        raise CheckpointMismatch(f"checkpoint {path}: {describe(file)} is missing")
-    data = file.read_bytes()
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointMismatch(
-            f"checkpoint {path}: {describe(file)}{detail} does not match its checksum: it was damaged or altered"
-        )
-    return file, data
+def read_chunks(
+    path: Union[str, os.PathLike], last: Optional[dict]
+) -> List[Tuple[dict, torch.Tensor, Dict[str, torch.Tensor]]]:
+    """All the chunks of :func:`iter_chunks` at once, from draw 0 (a resume streams them instead)."""
+    return list(iter_chunks(path, last))[::-1]
 
 
 def save_checkpoint(
-    payload: dict, path: Union[str, os.PathLike], sync: bool = True, pending: Optional[list] = None
+    payload: dict,
+    path: Union[str, os.PathLike],
+    sync: bool = True,
+    pending: Optional[list] = None,
+    key: Optional[bytes] = None,
 ) -> None:
     """Write the index ``payload`` (with its format version and checksums) to ``path`` atomically
-    (``fsync``-ed first with ``sync``)."""
+    (``fsync``-ed first with ``sync``); with a ``key``, signed (:func:`signature`)."""
     payload = {"format_version": FORMAT_VERSION, **payload}
     payload["checksums"] = checksums(payload)
+    if key is not None:
+        payload["signature"] = signature(key, payload["checksums"])
     _write_atomically(_serialise(payload), Path(path), sync, pending)
 
 
-def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
-    """Read a checkpoint's index, verify every record's checksum and that it belongs to ``fingerprint``'s run."""
+def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any, key: Optional[bytes] = None) -> dict:
+    """Read a checkpoint's index, verify its signature (with a ``key``), every record's checksum and that it belongs
+    to ``fingerprint``'s run."""
     payload = _load(Path(path).read_bytes(), str(path))
     if not isinstance(payload, dict):
         raise CheckpointMismatch(f"{path} is not a pyro_sgmcmc checkpoint (it holds a {type(payload).__name__})")
@@ -287,6 +322,7 @@ def load_checkpoint(path: Union[str, os.PathLike], fingerprint: Any) -> dict:
             f"checkpoint {path} has format {version!r}, expected {FORMAT_VERSION}{earlier}: start the run afresh "
             "(resume=False, or another checkpoint path)"
         )
+    check_signature(path, payload, key)
     _verify(path, payload)
     if payload.get("fingerprint") != fingerprint:
         raise CheckpointMismatch(
@@ -302,7 +338,7 @@ def _verify(path, payload: dict) -> None:
     saved = payload.get("checksums")
     if not isinstance(saved, dict):
         raise CheckpointMismatch(f"checkpoint {path} has no checksums")
-    actual = checksums({k: v for k, v in payload.items() if k != "checksums"})
+    actual = checksums({k: v for k, v in payload.items() if k not in ("checksums", "signature")})
     for name in sorted(set(saved) | set(actual)):
         if saved.get(name) != actual.get(name):
             state = "missing" if name not in actual else "unlisted" if name not in saved else "altered or damaged"
@@ -312,14 +348,19 @@ def _verify(path, payload: dict) -> None:
             )
 
 
-def _differences(theirs: Any, ours: Any) -> str:
-    """The settings that differ, one per line (all of both when they are not comparable)."""
+def _differences(theirs: Any, ours: Any, prefix: str = "") -> str:
+    """The settings that differ, one per line, each named by its full path (``kernel.step_size``): nested
+    settings are compared field by field, so a line shows the field that differs, not the whole record."""
     if not (isinstance(theirs, dict) and isinstance(ours, dict)):
-        return f"  theirs {theirs}\n  ours   {ours}"
+        return f"  {prefix or 'settings'}: theirs {theirs!r}, ours {ours!r}"
     lines = []
     for key in list(ours) + [k for k in theirs if k not in ours]:
         if theirs.get(key) != ours.get(key):
-            lines.append(f"  {key}: theirs {theirs.get(key, '(absent)')!r}, ours {ours.get(key, '(absent)')!r}")
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(theirs.get(key), dict) and isinstance(ours.get(key), dict):
+                lines.append(_differences(theirs[key], ours[key], name))
+            else:
+                lines.append(f"  {name}: theirs {theirs.get(key, '(absent)')!r}, ours {ours.get(key, '(absent)')!r}")
     return "\n".join(lines)
 
 

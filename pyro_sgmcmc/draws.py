@@ -72,6 +72,23 @@ class DrawStore:
             self.stats[key][:, window].copy_(value)
         self.count += n
 
+    def place(self, start: int, positions: torch.Tensor, stats: Dict[str, torch.Tensor]) -> None:
+        """Copy draws ``start .. start + n`` (``(num_chains, n, dim)`` and ``(num_chains, n, ...)``) to their
+        place, in any order (a resumed run's chunks, read from the last): :attr:`count` becomes the end of the
+        furthest draws placed. The caller places every draw before it."""
+        n = positions.shape[1]
+        if start < 0 or start + n > self.capacity:
+            raise RuntimeError(f"DrawStore holds {self.capacity} draws; cannot place draws {start} to {start + n}")
+        if not self.stats:
+            self._allocate_stats({key: value[:, 0] for key, value in stats.items()})
+        if set(stats) != set(self.stats):
+            raise ValueError(f"statistics {sorted(stats)} differ from the stored {sorted(self.stats)}")
+        window = slice(start, start + n)
+        self.positions[:, window].copy_(positions)
+        for key, value in stats.items():
+            self.stats[key][:, window].copy_(value)
+        self.count = max(self.count, start + n)
+
     def filled(self, start: int = 0, stop: Optional[int] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         """Views of draws ``start`` to ``stop`` (default: all written): positions and statistics."""
         window = slice(start, self.count if stop is None else stop)

@@ -25,8 +25,8 @@ from ..checkpoint import (
     CheckpointWriteError,
     check_serialisable,
     commit_files,
+    iter_chunks,
     load_checkpoint,
-    read_chunks,
     save_checkpoint,
     write_chunk,
 )
@@ -35,12 +35,15 @@ from ..kernels.base import SGMCMCKernel
 from .checkpoint_directory import check_writable, prepare_fresh_start, remove_stale_temporaries
 from .checkpoint_lock import CheckpointLock
 from .length import RunLength
+from .restore_checks import RunLayout, check_kernel_state, check_last_chunk
 from .schedule_state import restore_schedule_state, state_with_schedule
 
 __all__ = ["RunCheckpoint", "open_checkpoint"]
 
 
-def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume: bool, sync: bool) -> "RunCheckpoint":
+def open_checkpoint(
+    path: Path, fingerprint: dict, length: RunLength, *, resume: bool, sync: bool, key: Optional[bytes] = None
+) -> "RunCheckpoint":
     """The run's checkpoint at ``path``, held by this run until :meth:`RunCheckpoint.close`.
 
     Its directory is probed (:func:`~pyro_sgmcmc.run.checkpoint_directory.check_writable`: a
@@ -52,7 +55,7 @@ def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume:
     matching one then restores them (:meth:`RunCheckpoint.restore`) instead of it (:meth:`RunCheckpoint.start`).
     """
     check_writable(path, sync)
-    checkpoint = RunCheckpoint(path, fingerprint, sync)
+    checkpoint = RunCheckpoint(path, fingerprint, sync, key)
     checkpoint.lock = CheckpointLock(path)
     try:
         remove_stale_temporaries(path)
@@ -67,10 +70,11 @@ def open_checkpoint(path: Path, fingerprint: dict, length: RunLength, *, resume:
 class RunCheckpoint:
     """A run's checkpoint: the draw chunks written so far and the index that lists them (see the module)."""
 
-    def __init__(self, path: Path, fingerprint: dict, sync: bool = True) -> None:
+    def __init__(self, path: Path, fingerprint: dict, sync: bool = True, key: Optional[bytes] = None) -> None:
         self.path = path
         self.fingerprint = fingerprint
         self.sync = sync
+        self.key = key  # signs the index (HMAC-SHA256) and is required of the one resumed: CheckpointSettings.key
         self.last_chunk: Optional[dict] = None  # the entry of the last chunk written (the hash chain's end)
         self.written = 0  # draws already in chunk files
         self.steps_done = 0
@@ -101,7 +105,7 @@ class RunCheckpoint:
                 "kernel": state,
                 "last_chunk": last_chunk,
             }
-            save_checkpoint(payload, self.path, pending=pending)
+            save_checkpoint(payload, self.path, pending=pending, key=self.key)
             commit_files(pending, self.sync)
         except OSError as error:
             raise self._write_error(error, steps_done) from error
@@ -153,7 +157,7 @@ class RunCheckpoint:
 
     def load(self, length: RunLength) -> None:
         """Read and verify the index (records, fingerprint, step counter): before the chains' set-up."""
-        saved = load_checkpoint(self.path, self.fingerprint)
+        saved = load_checkpoint(self.path, self.fingerprint, self.key)
         steps_done = saved.get("steps_done")
         total = length.total_steps
         if isinstance(steps_done, bool) or not isinstance(steps_done, int) or not 0 <= steps_done <= total:
@@ -165,18 +169,20 @@ class RunCheckpoint:
             raise CheckpointMismatch(f"checkpoint {self.path}: the record 'kernel' does not hold a kernel's state")
         self.saved, self.on_disk = saved, steps_done
 
-    def restore(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength) -> None:
+    def restore(self, kernel: SGMCMCKernel, store: DrawStore, length: RunLength, layout: RunLayout) -> None:
         """The loaded checkpoint's draws into ``store`` and its chains into ``kernel`` (prepared with
-        :meth:`~SGMCMCKernel.prepare_chains`: :meth:`~SGMCMCKernel.restore_chains` does the rest of the set-up)."""
+        :meth:`~SGMCMCKernel.prepare_chains`: :meth:`~SGMCMCKernel.restore_chains` does the rest of the set-up).
+
+        Every field is checked against the run (``layout``: :mod:`~pyro_sgmcmc.run.restore_checks`) before
+        anything is made from it, and the draws are streamed: one chunk at a time is read, verified and copied
+        into ``store`` (preallocated), so a resume holds the draws once plus one chunk."""
         saved, steps_done = self.saved, self.saved["steps_done"]
         expected = length.draws_after(steps_done)
-        for entry, positions, stats in read_chunks(self.path, saved.get("last_chunk")):
-            self._extend(store, entry, positions, stats)
-        if store.count != expected:
-            raise CheckpointMismatch(
-                f"checkpoint {self.path}: {store.count} draws saved, but a run stopped after {steps_done} steps keeps "
-                f"{expected}"
-            )
+        check_last_chunk(self.path, saved.get("last_chunk"), expected, steps_done)
+        check_kernel_state(self.path, saved["kernel"], steps_done, layout)
+        for entry, positions, stats in iter_chunks(self.path, saved.get("last_chunk")):
+            self._place(store, entry, positions, stats)
+            del positions, stats  # one chunk at a time
         try:
             kernel.restore_chains(saved["kernel"])
             restore_schedule_state(kernel, saved["kernel"])
@@ -189,22 +195,28 @@ class RunCheckpoint:
         self.last_chunk, self.written, self.steps_done = saved.get("last_chunk"), store.count, steps_done
         self.saved = None  # the run continues: the index is not kept
 
-    def _extend(self, store: DrawStore, entry: dict, positions: torch.Tensor, stats: Dict[str, torch.Tensor]) -> None:
-        """Check one chunk's draws against this run (shapes, dtype, finite) and append them to ``store``."""
+    def _place(self, store: DrawStore, entry: dict, positions: torch.Tensor, stats: Dict[str, torch.Tensor]) -> None:
+        """Check one chunk's draws against this run (shapes, dtype, finite) and copy them to their place in
+        ``store``."""
         expected = (store.num_chains, entry["stop"] - entry["start"], store.positions.shape[-1])
         if tuple(positions.shape) != expected or positions.dtype != store.positions.dtype:
             raise CheckpointMismatch(
                 f"checkpoint {self.path}: draw chunk {entry['file']} holds positions of shape {tuple(positions.shape)} "
                 f"({positions.dtype}); this run's are {expected} ({store.positions.dtype})"
             )
-        if not bool(torch.isfinite(positions).all()):
+        if not _all_finite(positions):
             raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']} holds non-finite positions")
         try:
-            store.extend(
-                positions.to(store.positions.device), {k: v.to(store.positions.device) for k, v in stats.items()}
-            )
+            store.place(entry["start"], positions, stats)
         except (ValueError, RuntimeError) as error:
             raise CheckpointMismatch(f"checkpoint {self.path}: draw chunk {entry['file']}: {error}") from error
+
+
+def _all_finite(tensor: torch.Tensor, block: int = 1 << 16) -> bool:
+    """Whether every element is finite, checked ``block`` elements at a time (``torch.isfinite`` of a whole chunk
+    would make temporaries larger than the chunk itself)."""
+    flat = tensor.reshape(-1)
+    return all(bool(torch.isfinite(flat[i : i + block]).all()) for i in range(0, flat.numel(), block))
 
 
 def _validate_state(path: Path, kernel: SGMCMCKernel, steps_done: int) -> None:

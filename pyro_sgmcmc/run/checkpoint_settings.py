@@ -13,7 +13,7 @@ import functools
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -27,6 +27,9 @@ __all__ = [
     "as_checkpoint_settings",
     "deprecated_checkpoint_attribute",
 ]
+
+#: The shortest key accepted for signing a checkpoint (HMAC-SHA256): 128 bits.
+MIN_KEY_BYTES = 16
 
 #: Steps between two checkpoints unless told otherwise.
 DEFAULT_EVERY = 1000
@@ -80,6 +83,15 @@ class CheckpointSettings:
         failure or an operating-system crash too. ``False`` skips it: a write then costs no disk
         latency (about 7 ms per file here) and is still atomic for a process that is killed, but not
         for a machine that stops.
+    key : bytes, optional
+        A secret (at least 16 bytes, e.g. ``os.urandom(32)``) for checkpoints that cross a trust boundary
+        (a shared or network directory, a file received from elsewhere). The index is then signed with
+        HMAC-SHA256 of its records' checksums, which cover every record and, through the hash chain, every
+        draw chunk; resuming with a key refuses, with :class:`~pyro_sgmcmc.checkpoint.CheckpointMismatch`, a
+        file that is unsigned, signed with another key, or edited by anyone without the key. Without a key
+        the SHA-256 checksums detect damage but not a deliberate edit (whose fields are still each checked
+        against the run: :mod:`pyro_sgmcmc.run.restore_checks`). The key is not shown in the ``repr``,
+        not written anywhere and not part of the run's fingerprint.
 
     Examples
     --------
@@ -96,6 +108,7 @@ class CheckpointSettings:
     every: int = DEFAULT_EVERY
     resume: bool = True
     sync: bool = True
+    key: Optional[bytes] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         path = self.path
@@ -112,6 +125,13 @@ class CheckpointSettings:
         for name in ("resume", "sync"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CheckpointSettings: {name} must be True or False; got {getattr(self, name)!r}")
+        key = self.key
+        if key is not None and (not isinstance(key, bytes) or len(key) < MIN_KEY_BYTES):
+            shown = type(key).__name__ + (f" of length {len(key)}" if isinstance(key, (bytes, str)) else "")
+            raise TypeError(
+                f"CheckpointSettings: key must be None or a secret of at least {MIN_KEY_BYTES} bytes (bytes, e.g. "
+                f"os.urandom(32)); got a {shown}"
+            )
 
 
 def as_checkpoint_settings(value, name: str = "checkpoint") -> Optional[CheckpointSettings]:

@@ -31,6 +31,7 @@ from .checkpoint_settings import CheckpointSettings
 from .fingerprint import fingerprint
 from .length import RunLength
 from .partial import PartialRun
+from .restore_checks import RunLayout
 
 __all__ = ["ChainRun", "Chains", "CheckpointSettings", "RunResult"]
 
@@ -110,9 +111,10 @@ class ChainRun:
             # locked for this run until its end, its directory probed; one to resume is read and checked now
             checkpoint = self.writer = self._open_checkpoint()
             if checkpoint is not None and checkpoint.resuming:  # restores all the set-up would do: skipped
+                self.phase = "restore"
                 potential = kernel.potential
                 store = DrawStore(chains.num_chains, length.num_kept, potential.dim, potential.dtype, potential.device)
-                checkpoint.restore(kernel, store, length)
+                checkpoint.restore(kernel, store, length, self._layout())
             else:
                 kernel.start_chains(chains.initial_params)
                 position = kernel.state.position
@@ -137,6 +139,7 @@ class ChainRun:
         total, warmup = length.total_steps, length.warmup_steps
         start = 0 if checkpoint is None else checkpoint.steps_done
         self.steps_done = start
+        self.phase = "sampling" if start >= warmup else "warmup"  # the chains are set up: their draws can be read
         progress = _progress(total, self.disable_progbar)
         refresh = max(1, total // 200)  # cheap progress bar: about 200 updates per run
         for t in range(start, total):
@@ -173,7 +176,25 @@ class ChainRun:
             initial_params=chains.initial_params,
         )
         checkpoint = self.checkpoint
-        return open_checkpoint(checkpoint.path, settings, self.length, resume=checkpoint.resume, sync=checkpoint.sync)
+        return open_checkpoint(
+            checkpoint.path, settings, self.length, resume=checkpoint.resume, sync=checkpoint.sync, key=checkpoint.key
+        )
+
+    def _layout(self) -> RunLayout:
+        """What a restored state is checked against (:mod:`~pyro_sgmcmc.run.restore_checks`): this run's chains,
+        model and length."""
+        kernel, length = self.kernel, self.length
+        potential = kernel.potential
+        return RunLayout(
+            num_chains=self.chains.num_chains,
+            dim=potential.dim,
+            dtype=potential.dtype,
+            plates={plate.name: plate.size for plate in kernel.minibatches.plates},
+            warmup_steps=length.warmup_steps,
+            total_steps=length.total_steps,
+            seed=self.chains.seed,
+            chain_ids=list(kernel.generators.chain_ids),
+        )
 
     def _resumable_checkpoint(self, error: BaseException) -> Optional[str]:
         """The path of a checkpoint of this run that ``run()`` can resume after ``error`` (``None``: none)."""
@@ -201,18 +222,21 @@ class ChainRun:
 
     def _stop(self, store: Optional[DrawStore], error: BaseException) -> None:
         """Record an interrupted run: the draws so far (if any) and where it stopped."""
+        # before the chains were set up or restored (set-up, restore) no draw in memory is the run's
+        stepping = self.phase in ("warmup", "sampling") and store is not None
+        writer = self.writer
+        restoring = self.phase == "restore" and writer is not None and writer.on_disk is not None
         partial = PartialRun(
-            steps_done=self.steps_done,
+            steps_done=writer.on_disk if restoring else self.steps_done,
             total_steps=self.length.total_steps,
-            num_draws=0 if store is None else store.count,
+            num_draws=store.count if stepping else 0,
             num_samples=self.length.num_kept,
             error=f"{type(error).__name__}: {error}".rstrip(": "),
             checkpoint_path=self._resumable_checkpoint(error),
             phase=self.phase,
         )
         # a refused checkpoint may have filled the store with draws it then rejected: they are not kept
-        kept = store is not None and store.count and self.kernel.potential is not None
-        if kept and not isinstance(error, CheckpointMismatch):
+        if stepping and store.count and not isinstance(error, CheckpointMismatch):
             self.result = self._keep(store, partial)
         else:
             self.result = RunResult(None, {}, [None] * self.chains.num_chains, None, partial)

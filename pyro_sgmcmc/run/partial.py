@@ -29,7 +29,9 @@ class PartialRun(NamedTuple):
     checkpoint_path : str or None
         The run's checkpoint, from which :meth:`pyro_sgmcmc.MCMC.run` with the same settings resumes.
     phase : str
-        What the run was doing: ``"set-up"``, ``"warmup"`` or ``"sampling"``.
+        What the run was doing: ``"set-up"`` (tracing the model, opening the checkpoint, drawing the
+        starting points), ``"restore"`` (reading a checkpoint to resume: ``steps_done`` is then the
+        checkpoint's, which is intact, and no draw is in memory), ``"warmup"`` or ``"sampling"``.
     num_chains_kept : int or None
         How many chains the draws hold when fewer than the run's (``None``: all of them). A
         ``"sequential"`` run stopped in chain ``c > 0`` keeps its ``c`` finished chains; one
