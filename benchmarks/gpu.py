@@ -283,8 +283,12 @@ def part_many_chains(device, budget: Budget, tiny: bool, chains_list=None, captu
     return out
 
 
-def part_race(device, budget: Budget, tiny: bool, sides: Optional[List[str]] = None) -> dict:
-    """(c): the NUTS race on the device, end to end; NUTS capped at half the part's budget."""
+def part_race(
+    device, budget: Budget, tiny: bool, sides: Optional[List[str]] = None, nuts_rungs: Optional[List[int]] = None
+) -> dict:
+    """(c): the NUTS race on the device, end to end; NUTS capped at half the part's budget. ``nuts_rungs``: NUTS's
+    ladder (warmup = draws = each), to start it where an earlier run left it (the rungs below are then recorded as
+    not run here)."""
     num_data = 20_000 if tiny else 1_000_000
     x, y, x_cpu, y_cpu = race_data(num_data, device)
     ref = race_nuts.newton_reference(x_cpu, y_cpu)
@@ -293,6 +297,9 @@ def part_race(device, budget: Budget, tiny: bool, sides: Optional[List[str]] = N
         "SGHMC": [(250, 1000), (500, 2000)] if tiny else [(n // 4, n) for n in (2000, 4000, 8000, 16000, 32000)],
         "NUTS": [(50, 50), (100, 100)] if tiny else [(n, n) for n in (250, 500, 1000, 2000)],
     }
+    if nuts_rungs:
+        ladders["NUTS"] = [(n, n) for n in nuts_rungs]
+    out["nuts_rungs"] = [list(rung) for rung in ladders["NUTS"]]
     if capture_option() is not None:  # the package's capture option on the same defaults, as a third side
         ladders = {"SGHMC": ladders["SGHMC"], "SGHMC, capture": ladders["SGHMC"], "NUTS": ladders["NUTS"]}
         if sides:
@@ -397,7 +404,7 @@ def meta(device: torch.device, args) -> dict:
         "pyro": pyro.__version__,
         "python": sys.version.split()[0],
         "tiny": args.tiny,
-        "budgets_s": {k: v * args.budget for k, v in BUDGETS.items()},
+        "budgets_s": {k: v * args.budget for k, v in {**BUDGETS, **(args.part_budget or {})}.items()},
         "cpu_threads": torch.get_num_threads(),
         "load": harness.load_average(),
     }
@@ -412,7 +419,7 @@ PARTS = {
 
 
 def run_part(key: str, device, args, results: dict, write: Callable[[], None]) -> None:
-    budget = Budget(BUDGETS[key] * args.budget)
+    budget = Budget((args.part_budget or {}).get(key, BUDGETS[key]) * args.budget)
     start = time.perf_counter()
     try:
         if key == "a":
@@ -420,7 +427,7 @@ def run_part(key: str, device, args, results: dict, write: Callable[[], None]) -
         elif key == "b":
             out = part_many_chains(device, budget, args.tiny)
         elif key == "c":
-            out = part_race(device, budget, args.tiny, args.sides)
+            out = part_race(device, budget, args.tiny, args.sides, args.nuts_rungs)
         else:
             capture = capture_option()
             if capture is None:
@@ -446,6 +453,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     parser.add_argument("--budget", type=float, default=1.0, help="scale of every part's time budget (default 1)")
     parser.add_argument("--sides", nargs="+", help='part (c): only these sides (e.g. "SGHMC, capture")')
+    parser.add_argument("--nuts-rungs", type=int, nargs="+", help="part (c): NUTS's ladder (warmup = draws)")
+    parser.add_argument("--part-budget", type=json.loads, help='seconds per part at --budget 1, e.g. \'{"c": 300}\'')
     parser.add_argument("--commit", help="the git commit measured, where the copy there has no .git (recorded)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
