@@ -110,11 +110,19 @@ class FastNormalPriors(Messenger):
         if normal is None:
             return
         base, event_dims = normal
+        shapes = (event_dims, fn.batch_shape, fn.event_shape)
+        if cached is not None and _TRUSTED.get() and cached[2][1:] == shapes:
+            # recording a step (trusted constants): the stand-in made in the eager steps is reused for a prior
+            # built anew from constants; making a new one compares them with 0 and 1, a host read that a CUDA
+            # graph cannot record
+            if is_constant(base.loc) and is_constant(base.scale):
+                msg["fn"] = cached[1]
+                return
         # a prior built anew at every call from the same constants (dist.Normal(0., 1.).expand(...))
         # reuses the stand-in made for equal constants: no tensor work at all
         key = broadcast_constant_key(base.loc), broadcast_constant_key(base.scale)
         if cached is not None and key[0] is not None and key[1] is not None:
-            if cached[2] == (key, event_dims, fn.batch_shape, fn.event_shape):
+            if cached[2] == (key, *shapes):
                 msg["fn"] = cached[1]
                 return
         fast = StandardNormalForm(fn, base.loc, base.scale, event_dims)

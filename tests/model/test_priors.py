@@ -191,3 +191,34 @@ def test_standard_priors_one_tensor_comparison_off_the_cpu():
     zero, one, three = torch.tensor(0.0), torch.tensor(1.0), torch.tensor(3.0)
     assert standard.verify(deferred, [zero, one, zero, three]) is None
     assert standard.verify(deferred, [zero, one, zero, one]) == {"a"}
+
+
+def test_a_prior_built_anew_reuses_its_stand_in_while_a_step_is_recorded_without_reading_values():
+    """While a step is recorded for ``cuda_graph=True`` (``trusted_prior_constants``) a prior built anew at every
+    call from fresh device tensors (``Normal(torch.zeros(3, device=...), 1.0)``) must reuse the stand-in made in
+    the eager steps: building a new one compares the constants with 0 and 1, a host read that a CUDA graph cannot
+    record (found on an H100: the recorded one-chain step fell back to eager). The ``meta`` device stands in for
+    the GPU: any value read there raises."""
+    from pyro_sgmcmc.model.priors import FastNormalPriors, StandardNormalForm, trusted_prior_constants
+
+    def prior(device):
+        with pyro.validation_enabled(False):  # as while recording: Pyro's checks read values
+            return dist.Normal(torch.zeros(3, device=device), 1.0).to_event(1)
+
+    def swap(messenger, fn):
+        msg = {"name": "w", "fn": fn, "args": (), "kwargs": {}}
+        messenger.swap(msg)
+        return msg["fn"]
+
+    messenger = FastNormalPriors(["w"])
+    eager = swap(messenger, prior("cpu"))  # the eager steps: the constants checked and a stand-in made
+    assert isinstance(eager, StandardNormalForm)
+    with trusted_prior_constants():
+        assert swap(messenger, prior("meta")) is eager
+    # outside a recording a fresh prior with unreadable constants is not trusted: its values are compared
+    try:
+        swap(messenger, prior("meta"))
+    except (RuntimeError, NotImplementedError):
+        pass
+    else:
+        raise AssertionError("an untrusted prior's constants must be read and compared")
