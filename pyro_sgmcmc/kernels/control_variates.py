@@ -29,6 +29,7 @@ from typing import Dict, Mapping, Tuple, Union
 
 import torch
 
+from .._compat import eager_lbfgs
 from ..model.potential import ModelPotential
 
 __all__ = ["ControlVariate", "full_data_potential_and_grad"]
@@ -107,7 +108,7 @@ def _map_estimate(
     history = []  # the best potential after each evaluation
 
     def closure():
-        optimizer.zero_grad()
+        z.grad = None
         point = z.detach().to(start.dtype)
         u, g = pending.pop() if pending else full_data_potential_and_grad(potential, point)
         if not (bool(torch.isfinite(u)) and bool(torch.isfinite(g).all())):
@@ -128,7 +129,7 @@ def _map_estimate(
     tolerance_grad = max(1e-12, 64 * torch.finfo(start.dtype).eps * scale)
     for _ in range(rounds):
         before = best["u"]
-        optimizer = torch.optim.LBFGS(
+        optimizer = eager_lbfgs(
             [z], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
             tolerance_grad=tolerance_grad, tolerance_change=1e-15, history_size=20,
         )  # fmt: skip
