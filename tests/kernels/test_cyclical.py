@@ -165,6 +165,18 @@ def test_on_defaults_the_peak_is_each_chains_adapted_step_size():
     assert torch.allclose(cyclical.sample_stats["step_size"], adapted * factor, rtol=1e-6, atol=0)
 
 
+def test_peak_factor_multiplies_each_chains_adapted_step_size():
+    """``peak_factor=F``: the warmup runs at the base step and adapts what a default run adapts (the same seed),
+    and the kept step at sampling step k is F times the adapted step times the cosine factor (float32 step
+    sizes: relative tolerance 1e-6)."""
+    adapted = _run(None).sample_stats["step_size"][:, :1]
+    schedule = Cyclical(num_cycles=3, num_steps=60, exploration=0.4, peak_factor=5.0)
+    scaled = _run(schedule)
+    kept = [k for k in range(60) if schedule.starting_at(40).sampling_stage(40 + k)]
+    cosine = torch.tensor([(math.cos(math.pi * (k % 20) / 20) + 1) / 2 for k in kept], dtype=torch.float64)  # L = 20
+    assert torch.allclose(scaled.sample_stats["step_size"], 5.0 * adapted * cosine, rtol=1e-6, atol=0)
+
+
 def test_only_the_sampling_stages_draws_are_returned_and_the_stats_say_so():
     schedule = Cyclical(num_cycles=3, num_steps=60, exploration=0.4)  # L = 20: 8 exploration steps, 12 kept
     mcmc = _run(schedule)
