@@ -27,7 +27,7 @@ make ``K M`` largest with ``K >= 2`` superchains holding ``M`` such chains (thei
 fewest draws any of them has there (each keeps ``N`` of its draws in the basin, evenly spaced). A basin that
 only one superchain reaches has no within-basin R-hat (``None``): nested R-hat compares superchains.
 
-Run with one thread (about 4 minutes on the shared 2-core machine; ``--tiny``: seconds)::
+Run with one thread (4.6 minutes on the shared 2-core machine at load 6.5, 2026-11-27; ``--tiny``: seconds)::
 
     OMP_NUM_THREADS=1 python benchmarks/cyclical_chains.py --plot docs/_static/gallery/cyclical_chains.png
 """
