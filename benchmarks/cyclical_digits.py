@@ -13,10 +13,9 @@ evaluates every chain once; ``probe_evaluations``), and every method gets it:
 * ``SGHMC, constant``: ``--chains`` vectorised chains on the package's defaults (adapted step size and diagonal
   metric in ``--warmup`` steps; ``control_variate=None``, so that every step costs one evaluation), then
   ``--steps`` steps, ``--draws`` kept per chain at an equal thinning;
-* ``cyclical, peak x F``: the same, with ``step_size=Cyclical(--cycles, --steps, exploration=--exploration)``
-  whose peak is ``F`` times each chain's adapted step size (``F = 1``: the package's default; ``F = 5, 20``
-  through :class:`ScaledPeak`, a subclass of :class:`~pyro_sgmcmc.Cyclical` whose ``with_peak`` multiplies
-  the adapted step by ``F``; the adapted metric is kept). Only the sampling stages' draws are kept;
+* ``cyclical, peak x F``: the same, with ``step_size=Cyclical(--cycles, --steps, exploration=--exploration,
+  peak_factor=F)``, whose peak is ``F`` times each chain's adapted step size (``F = 1``: the package's default;
+  ``F = 5, 20``; the adapted metric is kept). Only the sampling stages' draws are kept;
 * ``deep ensemble``: ``--chains`` chains at ``temperature=0`` (SGD with momentum; the prior is weight decay),
   step ``--ensemble-step`` fixed (at T = 0 nothing is adapted; 0.2 is ``examples/ood_detection.py``'s step),
   ``B / --chains`` steps each, the last point of each (``keep_last=1``);
@@ -85,28 +84,6 @@ ood = _example()
 scores = harness.companion("laplace_digits", __package__).scores  # accuracy, NLL, 15-bin ECE
 
 
-class ScaledPeak(Cyclical):
-    """:class:`~pyro_sgmcmc.Cyclical` whose peak is ``factor`` times each chain's adapted step size.
-
-    The kernel hands the warmup's per-chain step sizes :math:`\\epsilon_c` to :meth:`with_peak`; the cycle's
-    peak is then :math:`\\epsilon_0 = F \\epsilon_c`. ``F = 1`` is the package's default behaviour.
-    """
-
-    def __init__(self, num_cycles: int, num_steps: int, exploration: float, factor: float, start: int = 0) -> None:
-        super().__init__(num_cycles, num_steps, exploration, start=start)
-        self.factor = float(factor)
-
-    def starting_at(self, first_sampling_step: int) -> "ScaledPeak":
-        copy = ScaledPeak(self.num_cycles, self.num_steps, self.exploration, self.factor, first_sampling_step)
-        copy.peak = self.peak
-        return copy
-
-    def with_peak(self, peak) -> "ScaledPeak":
-        copy = self.starting_at(self.start)
-        copy.peak = peak * self.factor
-        return copy
-
-
 # ------------------------------------------------------------------------------------ methods
 def sghmc_methods(args) -> dict:
     """name -> (SGHMC keyword arguments, MCMC settings) of the chain-based methods."""
@@ -114,7 +91,7 @@ def sghmc_methods(args) -> dict:
     methods = {"SGHMC, constant (defaults)": ({}, sampling)}
     for factor in PEAK_FACTORS:
         label = "defaults" if factor == 1 else "x adapted"
-        schedule = ScaledPeak(args.cycles, args.steps, args.exploration, factor)
+        schedule = Cyclical(args.cycles, args.steps, args.exploration, peak_factor=factor)
         methods[f"cyclical, peak {factor:g} ({label})"] = ({"step_size": schedule}, sampling)
     return methods
 

@@ -16,9 +16,9 @@ from pyro_sgmcmc import Cyclical, make_schedule
 from pyro_sgmcmc.schedules import as_schedule
 
 
-def closed_form(k, num_cycles, num_steps, peak):
+def closed_form(k, num_cycles, num_steps, peak, peak_factor=1.0):
     length = math.ceil(num_steps / num_cycles)
-    return peak / 2 * (np.cos(np.pi * np.mod(k, length) / length) + 1)
+    return peak_factor * peak / 2 * (np.cos(np.pi * np.mod(k, length) / length) + 1)
 
 
 @pytest.mark.parametrize("num_cycles,num_steps", [(4, 1000), (3, 10), (1, 7), (5, 5)])
@@ -31,6 +31,26 @@ def test_values_are_the_closed_form(num_cycles, num_steps):
     length = math.ceil(num_steps / num_cycles)
     assert schedule(0) == 0.25 and schedule(length) == 0.25  # the peak at every cycle's start
     assert ours.min() > 0
+
+
+@pytest.mark.parametrize("peak_factor", [0.5, 3.0, 20.0])
+def test_peak_factor_scales_the_cycle_and_not_the_warmup(peak_factor):
+    """Closed form with the peak epsilon_0 = F epsilon_b; the warmup (t < t_0) runs at the base step epsilon_b."""
+    schedule = Cyclical(3, 30, exploration=0.3, peak=0.25, peak_factor=peak_factor).starting_at(4)
+    k = np.arange(60)
+    ours = np.array([schedule(4 + int(i)) for i in k])
+    # the same expression in another order: rounding only (a few ulps of 0.25 F)
+    np.testing.assert_allclose(ours, closed_form(k, 3, 30, 0.25, peak_factor), rtol=1e-15, atol=0)
+    assert ours.max() == pytest.approx(0.25 * peak_factor, rel=1e-15)  # the peak, at every cycle's start
+    assert [schedule(t) for t in range(4)] == [0.25] * 4
+    # the stages do not depend on the peak
+    plain = Cyclical(3, 30, exploration=0.3, peak=0.25).starting_at(4)
+    assert [schedule.explores(t) for t in range(70)] == [plain.explores(t) for t in range(70)]
+
+
+def test_peak_factor_one_is_the_plain_schedule_bit_for_bit():
+    plain, one = Cyclical(4, 100, 0.5, peak=0.3), Cyclical(4, 100, 0.5, peak=0.3, peak_factor=1.0)
+    assert [one(t) for t in range(200)] == [plain(t) for t in range(200)]
 
 
 def test_a_cycle_decreases_from_the_peak_to_pi_squared_over_four_l_squared():
@@ -77,14 +97,19 @@ def test_with_peak_takes_per_chain_step_sizes():
     assert torch.equal(schedule(0), peaks)
     assert torch.allclose(schedule(2), peaks * 0.5, rtol=0, atol=1e-7)  # cos(pi / 2) = 0: half the peak
     assert Cyclical(2, 8, peak=1.0)(2) == pytest.approx(0.5, abs=1e-15)  # the original is unchanged
+    # with a factor, the adapted step sizes are the base: the peak is F times each chain's
+    scaled = Cyclical(2, 8, peak=1.0, peak_factor=4.0).with_peak(peaks)
+    assert torch.allclose(scaled(0), 4.0 * peaks, rtol=1e-7, atol=0) and scaled.peak_factor == 4.0
+    assert torch.allclose(scaled(2), 2.0 * peaks, rtol=1e-6, atol=0)  # half the peak (float32 cosine factor)
 
 
 def test_it_is_a_schedule_that_pickles_and_has_a_faithful_repr():
-    schedule = make_schedule("cyclical", num_cycles=3, num_steps=90, exploration=0.8, peak=0.01)
+    schedule = make_schedule("cyclical", num_cycles=3, num_steps=90, exploration=0.8, peak=0.01, peak_factor=2.0)
     assert as_schedule(schedule) is schedule and schedule.staged
     copy = pickle.loads(pickle.dumps(schedule))
     assert [copy(t) for t in range(90)] == [schedule(t) for t in range(90)]
-    assert repr(schedule) == "Cyclical(num_cycles=3, num_steps=90, exploration=0.8, peak=0.01, start=0)"
+    expected = "Cyclical(num_cycles=3, num_steps=90, exploration=0.8, peak=0.01, start=0, peak_factor=2.0)"
+    assert repr(schedule) == expected
     assert eval(repr(schedule)).__dict__ == schedule.__dict__  # the repr (the checkpoint's fingerprint) says all
 
 
@@ -104,6 +129,10 @@ def test_it_is_a_schedule_that_pickles_and_has_a_faithful_repr():
         (dict(peak=math.inf), "peak"),
         (dict(peak="0.1"), "peak"),
         (dict(start=-1), "start"),
+        (dict(peak_factor=0.0), "peak_factor"),
+        (dict(peak_factor=-2.0), "peak_factor"),
+        (dict(peak_factor=math.nan), "peak_factor"),
+        (dict(peak_factor=True), "peak_factor"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, name):

@@ -165,6 +165,18 @@ def test_on_defaults_the_peak_is_each_chains_adapted_step_size():
     assert torch.allclose(cyclical.sample_stats["step_size"], adapted * factor, rtol=1e-6, atol=0)
 
 
+def test_peak_factor_multiplies_each_chains_adapted_step_size():
+    """``peak_factor=F``: the warmup runs at the base step and adapts what a default run adapts (the same seed),
+    and the kept step at sampling step k is F times the adapted step times the cosine factor (float32 step
+    sizes: relative tolerance 1e-6)."""
+    adapted = _run(None).sample_stats["step_size"][:, :1]
+    schedule = Cyclical(num_cycles=3, num_steps=60, exploration=0.4, peak_factor=5.0)
+    scaled = _run(schedule)
+    kept = [k for k in range(60) if schedule.starting_at(40).sampling_stage(40 + k)]
+    cosine = torch.tensor([(math.cos(math.pi * (k % 20) / 20) + 1) / 2 for k in kept], dtype=torch.float64)  # L = 20
+    assert torch.allclose(scaled.sample_stats["step_size"], 5.0 * adapted * cosine, rtol=1e-6, atol=0)
+
+
 def test_only_the_sampling_stages_draws_are_returned_and_the_stats_say_so():
     schedule = Cyclical(num_cycles=3, num_steps=60, exploration=0.4)  # L = 20: 8 exploration steps, 12 kept
     mcmc = _run(schedule)
@@ -212,11 +224,13 @@ def test_a_schedule_with_a_peak_and_no_adaptation():
     assert mcmc.sample_stats["step_size"][0, 0].item() == pytest.approx(0.02 * (math.cos(math.pi / 2) + 1) / 2)
 
 
-def test_resume_of_a_cyclical_run_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("kernel_class,peak_factor", [(SGHMC, 1.0), (SGLD, 3.0), (SGNHT, 1.0)])
+def test_resume_of_a_cyclical_run_is_bit_identical(tmp_path, kernel_class, peak_factor):
     """Resuming restores the adapted step sizes, the step counter and the streams, and the schedule is a function
-    of the step: the resumed run's draws and statistics are the uninterrupted run's (reliability.rst's promise)."""
-    schedule = Cyclical(num_cycles=3, num_steps=60, exploration=0.4)
-    reference = _run(schedule)
+    of the step: the resumed run's draws and statistics are the uninterrupted run's (reliability.rst's promise),
+    for each kernel, with a peak factor too."""
+    schedule = Cyclical(num_cycles=3, num_steps=60, exploration=0.4, peak_factor=peak_factor)
+    reference = _run(schedule, kernel_class=kernel_class)
     path = tmp_path / "run.ckpt"
 
     class Interrupt(Exception):
@@ -227,8 +241,8 @@ def test_resume_of_a_cyclical_run_is_bit_identical(tmp_path):
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        _run(schedule, checkpoint=CheckpointSettings(path, every=10), hook_fn=interrupt)
-    resumed = _run(schedule, checkpoint=CheckpointSettings(path, every=10))
+        _run(schedule, kernel_class=kernel_class, checkpoint=CheckpointSettings(path, every=10), hook_fn=interrupt)
+    resumed = _run(schedule, kernel_class=kernel_class, checkpoint=CheckpointSettings(path, every=10))
     for name, value in reference.get_samples(group_by_chain=True).items():
         assert torch.equal(value, resumed.get_samples(group_by_chain=True)[name]), name
     for name, value in reference.sample_stats.items():
@@ -242,6 +256,9 @@ def test_another_schedule_is_a_checkpoint_mismatch(tmp_path):
     _run(Cyclical(num_cycles=3, num_steps=60, exploration=0.4), checkpoint=CheckpointSettings(path, every=50))
     with pytest.raises(CheckpointMismatch, match="step_size"):
         _run(Cyclical(num_cycles=3, num_steps=60, exploration=0.5), checkpoint=CheckpointSettings(path, every=50))
+    with pytest.raises(CheckpointMismatch, match="peak_factor"):
+        scaled = Cyclical(num_cycles=3, num_steps=60, exploration=0.4, peak_factor=2.0)
+        _run(scaled, checkpoint=CheckpointSettings(path, every=50))
 
 
 # ---------------------------------------------------------------------- moments on a Gaussian target
