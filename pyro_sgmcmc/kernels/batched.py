@@ -44,9 +44,15 @@ class BatchedChains:
     """The vectorised-chains half of :class:`~pyro_sgmcmc.kernels.base.SGMCMCKernel` (module docstring).
 
     It reads the kernel's settings (``model``, ``init_strategy``, ``num_data``, ``jit_compile``, ``temperature``,
-    ``control_variate``, ``init_to_centre``, ``on_divergence``, ``step_size``, ``potential_factory``) and its
-    ``warmup`` driver; a concrete kernel defines :meth:`transition`.
+    ``control_variate``, ``init_to_centre``, ``on_divergence``, ``step_size``, ``potential_factory``,
+    ``estimator_factory``, ``cuda_graph``) and its ``warmup`` driver; a concrete kernel defines :meth:`transition`.
     """
+
+    #: The user's gradient estimator (``potential -> estimator``), or ``None`` for the control variate's
+    #: (``gradient_estimator=`` of the kernel; set by :class:`~pyro_sgmcmc.kernels.base.SGMCMCKernel`).
+    estimator_factory: Optional[Callable] = None
+    #: Record the sampling step once and replay it (``cuda_graph=`` of the kernel; :mod:`.capture`).
+    cuda_graph: bool = False
 
     # ------------------------------------------------------------------ what a kernel defines
     def transition(
@@ -216,7 +222,7 @@ class BatchedChains:
         expected = (num_chains, potential.dim)
         if tuple(fields["position"].shape) != expected:
             raise ValueError(f"saved chains have positions of shape {tuple(fields['position'].shape)}, not {expected}")
-        factory = getattr(self, "estimator_factory", None)  # else plain: a saved control variate replaces it (load)
+        factory = self.estimator_factory  # else plain: a saved control variate replaces it (load)
         plain = factory is None
         self.gradient_estimator = MinibatchGradient(potential) if plain else user_estimator(factory, potential)
         self._start(SGMCMCState(**fields), warmup_steps)
@@ -243,7 +249,7 @@ class BatchedChains:
     def _setup_control_variate(self, positions: torch.Tensor) -> GradientEstimator:
         """The user's ``gradient_estimator``, plain minibatches, or the fixed control variate (``"map"`` or a dict:
         computed once per data set); ``"auto"`` starts plain and decides in warmup."""
-        if getattr(self, "estimator_factory", None) is not None:
+        if self.estimator_factory is not None:
             return user_estimator(self.estimator_factory, self.potential)
         if self.control_variate is None or self.control_variate == "auto":
             return MinibatchGradient(self.potential)
@@ -340,7 +346,7 @@ class BatchedChains:
 
     def _capture(self, parameters) -> Optional[Callable]:
         """With ``cuda_graph=True`` on a CUDA device: how to record the sampling step (``kernels/capture.py``)."""
-        if not getattr(self, "cuda_graph", False):
+        if not self.cuda_graph:
             return None
         if self.step_size.staged:  # exploration steps draw no noise: a step the recording cannot switch
             warnings.warn(
