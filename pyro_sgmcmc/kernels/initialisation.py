@@ -80,16 +80,52 @@ def initial_positions(
     if initial_params is not None:
         positions = _pack(potential, initial_params, num_chains, num_superchains)
         with seeded_global_rng(seed, 0, potential.device):  # the finiteness check draws a minibatch
-            for position in positions.unique(dim=0):
-                potential.initial_position(potential.unpack(position))  # checks finiteness, names the problem
+            starts = positions.unique(dim=0)
+            vectorised = hasattr(potential, "draw_start")  # a data-parallel potential checks one by one
+            finite = _finite(potential, starts, [potential.check_indices() for _ in starts]) if vectorised else None
+            if finite is None:  # one by one: names the problem
+                for position in starts:
+                    potential.initial_position(potential.unpack(position))
+            elif not all(finite):
+                raise ValueError(
+                    f"initial_params give a non-finite potential energy or gradient at {finite.count(False)} of "
+                    f"the {len(finite)} distinct starting points"
+                )
         return positions
     superchains = list(range(num_superchains)) if superchains is None else list(superchains)
-    starts = []
+    if not hasattr(potential, "draw_start"):  # e.g. a data-parallel potential: rank 0's draw, one by one
+        drawn = [_draw_checked(potential, seed, superchain) for superchain in superchains]
+        return torch.stack(drawn).repeat_interleave(repeats, 0)
+    draws = []
     for superchain in superchains:
         with seeded_global_rng(seed, superchain, potential.device):
             # seeded: not the build trace's values, which were drawn before the seed was set
-            starts.append(potential.initial_position(fresh=seed is not None))
-    return torch.stack(starts).repeat_interleave(repeats, 0)
+            draws.append(potential.draw_start(fresh=seed is not None))
+    starts = torch.stack([position for position, _ in draws])
+    finite = _finite(potential, starts, [indices for _, indices in draws])
+    for row, superchain in enumerate(superchains):
+        if finite is None or not finite[row]:  # drawn again from the start of its stream, checked one by one
+            starts[row] = _draw_checked(potential, seed, superchain)
+    return starts.repeat_interleave(repeats, 0)
+
+
+def _draw_checked(potential, seed: Optional[int], superchain: int) -> torch.Tensor:
+    """Superchain ``superchain``'s start drawn and checked one draw at a time (up to ``max_tries``)."""
+    with seeded_global_rng(seed, superchain, potential.device):
+        return potential.initial_position(fresh=seed is not None)
+
+
+def _finite(potential, starts: torch.Tensor, checks: Sequence[Mapping[str, torch.Tensor]]) -> Optional[list]:
+    """Whether each start's potential and gradient are finite on its own check minibatch, in one vectorised
+    evaluation (a loop of single-chain evaluations was most of the set-up at thousands of chains: about 2 ms a
+    chain on the CPU, 3 ms on a GPU); ``None`` if the evaluation failed (the caller checks one by one, which names
+    the problem)."""
+    indices = {name: torch.stack([check[name] for check in checks]) for name in checks[0]}
+    try:
+        energy, grad = potential.batched_potential_and_grad(starts, indices)
+    except Exception:  # noqa: BLE001 - any failure: the one-by-one path raises it with the site named
+        return None
+    return (torch.isfinite(energy) & torch.isfinite(grad).all(-1)).tolist()
 
 
 def _pack(potential, initial_params, num_chains: int, num_superchains: int) -> torch.Tensor:

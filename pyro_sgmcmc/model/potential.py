@@ -316,32 +316,34 @@ class ModelPotential:
     ) -> torch.Tensor:
         if initial_params is not None:
             position = self.pack(initial_params)
-            potential, grad = self.potential_and_grad(position, self._check_indices())
+            potential, grad = self.potential_and_grad(position, self.check_indices())
             if not (torch.isfinite(potential) and torch.isfinite(grad).all()):
                 raise ValueError("initial_params give a non-finite potential energy or gradient")
             return position
-        if fresh:
-            self._prototype_values = None
-        values = self._prototype_values
         for _ in range(max_tries):
-            indices = self._check_indices()
-            if values is None:
-                model = InitMessenger(self._init_fn)(poutine.condition(self.model, data=indices))
-                with poutine.block():
-                    trace = poutine.trace(model).get_trace(*self.model_args, **self.model_kwargs)
-                values = {s.name: trace.nodes[s.name]["value"].detach() for s in self.sites}
-            position = self.layout.unconstrain(values)
+            position, indices = self.draw_start(fresh)
+            fresh = False
             potential, grad = self.potential_and_grad(position, indices)
             if torch.isfinite(potential) and torch.isfinite(grad).all():
-                self._prototype_values = None  # the next call draws a new point
                 return position
-            values = None
         raise ModelError(
             f"could not find an initial point with finite potential and gradient in {max_tries} draws "
             "of init_strategy; check the model or pass initial_params"
         )
 
-    def _check_indices(self) -> Dict[str, torch.Tensor]:
+    def draw_start(self, fresh: bool = False) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """One unchecked draw of ``init_strategy`` (the values of the trace that built the potential, the first
+        time, unless ``fresh``) and the minibatch to check it on, drawn first: ``(position, indices)``."""
+        indices = self.check_indices()
+        values, self._prototype_values = (None if fresh else self._prototype_values), None
+        if values is None:
+            model = InitMessenger(self._init_fn)(poutine.condition(self.model, data=indices))
+            with poutine.block():
+                trace = poutine.trace(model).get_trace(*self.model_args, **self.model_kwargs)
+            values = {s.name: trace.nodes[s.name]["value"].detach() for s in self.sites}
+        return self.layout.unconstrain(values), indices
+
+    def check_indices(self) -> Dict[str, torch.Tensor]:
         """A minibatch for checking a starting point (``B`` indices drawn with replacement, ``O(B)``).
 
         Left to itself, Pyro's plate draws its subsample from ``torch.randperm(N)``, ``O(N)`` per
