@@ -36,10 +36,31 @@ from .curvature.kinds import MAX_FULL_DIM
 from .precision import Precision
 from .sites import reshaped
 
-__all__ = ["KronPrecision", "KroneckerPrecision", "KroneckerNormal"]
+__all__ = ["KronPrecision", "KroneckerBlocks", "KroneckerPrecision", "KroneckerNormal"]
 
 
-class KronPrecision(Precision):
+class KroneckerBlocks(Precision):
+    """What every Kronecker-factored precision shares (:class:`KronPrecision` and
+    :class:`~pyro_sgmcmc.guides.lowrank_kron.LowRankKronPrecision`): the distribution over the whole latent
+    vector and over one site, the marginal precisions and the dense matrix, all through the subclass's
+    :meth:`apply_power`, :meth:`variances` and :meth:`site`."""
+
+    def distribution(self, loc):
+        return KroneckerNormal(loc, self)
+
+    def site_distribution(self, loc, name, shape, event_dim):
+        """The site's own Kronecker block: the whole site is one event."""
+        return reshaped(KroneckerNormal(loc[self.slices[name]].clone(), self.site(name)), shape)
+
+    def as_tensor(self):
+        return self.variances().reciprocal()
+
+    def dense(self) -> torch.Tensor:
+        """The dense ``(d, d)`` precision (tests and small models only)."""
+        return self.apply_power(torch.eye(self.dim, dtype=self.dtype, device=self.device), 1.0)
+
+
+class KronPrecision(KroneckerBlocks):
     """A block-diagonal precision with one Kronecker-factored block per site (potential or guide order).
 
     The :class:`~pyro_sgmcmc.guides.precision.Precision` interface, with every operation done in
@@ -204,16 +225,6 @@ class KronPrecision(Precision):
             )
         return self.apply_power(torch.eye(self.dim, dtype=self.dtype, device=self.device), -1.0)
 
-    def distribution(self, loc):
-        return KroneckerNormal(loc, self)
-
-    def site_distribution(self, loc, name, shape, event_dim):
-        """The site's own Kronecker block: the whole site is one event."""
-        return reshaped(KroneckerNormal(loc[self.slices[name]].clone(), self.site(name)), shape)
-
-    def as_tensor(self):
-        return self.variances().reciprocal()
-
     def check(self):
         bad = [name for name, ok in self.is_positive().items() if not ok]
         if bad:
@@ -233,10 +244,6 @@ class KronPrecision(Precision):
         if inputs is None:
             return rotated, inverse.expand(delta.shape[1], -1)
         return rotated, (inputs @ pairs[1][1]) ** 2 @ inverse.T  # (b, out)
-
-    def dense(self) -> torch.Tensor:
-        """The dense ``(d, d)`` precision (tests and small models only)."""
-        return self.apply_power(torch.eye(self.dim, dtype=self.dtype, device=self.device), 1.0)
 
     def describe_factors(self) -> str:
         """The factors' shapes per site, ``{w: (out, out) x (in, in), b: (out, out)}`` (for reprs)."""

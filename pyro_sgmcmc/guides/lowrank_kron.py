@@ -34,9 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .curvature.kinds import MAX_FULL_DIM
-from .kron import KroneckerNormal
-from .precision import Precision
-from .sites import reshaped
+from .kron import KroneckerBlocks
 
 __all__ = ["LowRankKronPrecision", "top_eigenpairs"]
 
@@ -53,7 +51,7 @@ def top_eigenpairs(factor: torch.Tensor, rank: Optional[int]) -> Tuple[torch.Ten
     return values, vectors
 
 
-class LowRankKronPrecision(Precision):
+class LowRankKronPrecision(KroneckerBlocks):
     r"""Block-diagonal :math:`\Lambda` with one (possibly truncated) Kronecker block per site.
 
     Parameters
@@ -183,19 +181,6 @@ class LowRankKronPrecision(Precision):
         if self.dim > MAX_FULL_DIM:
             raise ValueError(f"the dense covariance of a 'kron' approximation is limited to d <= {MAX_FULL_DIM}")
         return self.solve(torch.eye(self.dim, dtype=self.dtype, device=self.device))
-
-    def dense(self) -> torch.Tensor:
-        """The dense ``(d, d)`` precision (tests and small models only)."""
-        return self.apply_power(torch.eye(self.dim, dtype=self.dtype, device=self.device), 1.0)
-
-    def distribution(self, loc):
-        return KroneckerNormal(loc, self)
-
-    def site_distribution(self, loc, name, shape, event_dim):
-        return reshaped(KroneckerNormal(loc[self.slices[name]].clone(), self.site(name)), shape)
-
-    def as_tensor(self):
-        return self.variances().reciprocal()
 
     def check(self) -> None:
         bad = [
