@@ -217,9 +217,18 @@ def walk_full_data(model: Callable, args: tuple, kwargs: dict, values: Mapping[s
             plates[name] = PlateChunks(
                 SubsamplePlate(name, int(site["fn"].size), len(site["value"])), site["value"].device
             )
-    grid = torch.cartesian_prod(*[torch.arange(len(chunks)) for chunks in plates.values()]).reshape(-1, len(plates))
-    rows = {name: chunks.rows()[grid[:, p]] for p, (name, chunks) in enumerate(plates.items())}
+    combinations = math.prod(len(chunks) for chunks in plates.values())
     per_call = max(1, DATA_PER_CALL // math.prod(chunks.plate.subsample_size for chunks in plates.values()))
+
+    chunk_rows = {name: chunks.rows() for name, chunks in plates.items()}  # (chunks, B): O(N) indices per plate
+
+    def rows(start: int, stop: int) -> Dict[str, torch.Tensor]:
+        """The indices of combinations ``start`` to ``stop`` (the first plate's chunk varying slowest)."""
+        linear, out, stride = torch.arange(start, stop), {}, combinations
+        for name, table in chunk_rows.items():
+            stride //= len(table)
+            out[name] = table[(linear // stride) % len(table)]
+        return out
 
     def checked(indices):
         traced = poutine.trace(poutine.condition(model, data={**indices, **values})).get_trace(*args, **kwargs)
@@ -237,8 +246,8 @@ def walk_full_data(model: Callable, args: tuple, kwargs: dict, values: Mapping[s
     examples: Dict[str, list] = {name: [] for name in names}
     try:
         with poutine.block(), pyro.validation_enabled(False), torch.no_grad():
-            for start in range(0, len(grid), per_call):
-                block = {name: value[start : start + per_call] for name, value in rows.items()}
+            for start in range(0, combinations, per_call):
+                block = rows(start, min(start + per_call, combinations))
                 for name, (ok, value) in over_minibatches(block).items():
                     frame = _plate_frame(trace.nodes[name], plates, ok.dim() - 1)
                     if frame is None:

@@ -95,15 +95,16 @@ class SampleStream:
 
     def _record(self, value, chain: int) -> None:
         count = self.received[chain]
-        self.received[chain] = count + 1
         if count == 0:  # the chain is set up: the sites and their shapes
             self.structure = dict(value)
         elif count <= self.num_samples:
-            if self.store is None:
-                self.store = torch.empty((self.num_chains, self.num_samples, value.numel()), dtype=value.dtype)
+            if self.store is None:  # on the draws' device: no copy to the host per step
+                shape = (self.num_chains, self.num_samples, value.numel())
+                self.store = torch.empty(shape, dtype=value.dtype, device=value.device)
             self.store[chain, count - 1] = value  # a copy: a worker's value lives in shared memory
         else:
             self.diagnostics[chain] = value
+        self.received[chain] = count + 1  # last: a draw interrupted while copied is not counted
 
     def draws(self, chain: int) -> int:
         """Draws of ``chain`` received so far."""
