@@ -172,6 +172,22 @@ def pyro_chain_diagnostics(mcmc) -> list:
     return list(mcmc._diagnostics)
 
 
+def observe_pyro_sampler(mcmc, wrap):
+    """Let ``wrap(sampler)`` stand in for the sampler of a :class:`pyro.infer.MCMC`, to see each draw as it passes;
+    return it.
+
+    Member: ``sampler``, a public but undocumented attribute of :class:`pyro.infer.MCMC` (its ``_UnarySampler`` or
+    ``_MultiSampler``), whose ``run(*args, **kwargs)`` yields ``(value, chain)``: per chain the ``{site: shape}``
+    structure, one flat draw per sampling step, then the kernel's diagnostics; ``MCMC.run`` also calls its
+    ``terminate``. Public alternative: none; ``MCMC.run`` keeps the draws in a local list, lost when the run is
+    interrupted, and ``hook_fn`` runs in the worker processes when the chains run in parallel. Gain: an
+    interrupted ``chain_method="parallel"`` run keeps its draws (:mod:`pyro_sgmcmc.run.pyro_chains`; Pyro 1.8
+    and 1.9 have this protocol, and ``tests/run/test_partial.py`` fails at once if it changes).
+    """
+    mcmc.sampler = wrapped = wrap(mcmc.sampler)
+    return wrapped
+
+
 def exit_without_finalisation(status: int = 0) -> None:
     """End this process at once, skipping the interpreter's finalisation (the launcher's ranks).
 

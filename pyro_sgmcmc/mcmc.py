@@ -31,7 +31,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.util import optional
 
-from ._compat import pyro_chain_diagnostics
+from ._compat import observe_pyro_sampler, pyro_chain_diagnostics
 from .kernels.base import SGMCMCKernel
 from .run import ChainRun, Chains, RunLength, RunResult
 from .run.checkpoint_settings import (
@@ -47,10 +47,9 @@ from .run.checks import (
     check_positive_int,
 )
 from .run.partial import PartialRun, PartialRunWarning, RunNotFinished
-from .run.pyro_chains import SampleRecorder, stopped_parallel_run
+from .run.pyro_chains import SampleRecorder, SampleStream, pyro_transforms, sampling_stage, stopped_parallel_run
 from .run.readers import Draws
 from .run.sequential import SequentialRun
-from .schedules import Schedule
 
 __all__ = ["MCMC", "CheckpointSettings", "PartialRun", "PartialRunWarning", "RunNotFinished"]
 
@@ -122,8 +121,9 @@ disable_validation, transforms, save_params :
         ``None`` before a run, or after one stopped before its first kept draw.
     pyro_mcmc : pyro.infer.MCMC or None
         With ``chain_method="parallel"``, the :class:`pyro.infer.MCMC` that runs the chains.
-    recorder : SampleRecorder or None
-        With ``chain_method="parallel"`` and one chain, the hook that keeps the draws of an interrupted run.
+    recorder, stream : SampleRecorder, SampleStream or None
+        With ``chain_method="parallel"``, the hook and the view of Pyro's sampler that keep the draws of an
+        interrupted run (:mod:`pyro_sgmcmc.run.pyro_chains`).
     sample_stats : dict
         Per kept draw, ``(num_chains, num_draws)`` tensors: ``lp``, ``step_size``, ``diverging``,
         ``temperature`` and the kernel's own (``kinetic_energy``, ``thermostat``).
@@ -196,6 +196,7 @@ disable_validation, transforms, save_params :
         self.draws: Optional[Draws] = None
         self.pyro_mcmc: Optional[pyro.infer.MCMC] = None
         self.recorder: Optional[SampleRecorder] = None
+        self.stream: Optional[SampleStream] = None
         self.superchain_ids = torch.arange(num_chains) // (num_chains // self.num_superchains)
         self.checkpoint: Optional[CheckpointSettings] = checkpoint
         self.chain_ids = check_chain_ids(chain_ids, num_chains)
@@ -217,11 +218,14 @@ disable_validation, transforms, save_params :
                     f"{_OWN_OPTIONS} need chain_method='vectorized' or 'sequential' "
                     "(Pyro's parallel chains do not support them)"
                 )
-            self.recorder = SampleRecorder(hook_fn) if num_chains == 1 else None  # see run.pyro_chains
+            self.recorder = SampleRecorder(hook_fn)  # see run.pyro_chains
             self.pyro_mcmc = pyro.infer.MCMC(
-                kernel, num_samples, warmup_steps, initial_params, num_chains, self.recorder or hook_fn, mp_context,
+                kernel, num_samples, warmup_steps, initial_params, num_chains, self.recorder, mp_context,
                 disable_progbar, disable_validation, transforms, save_params,
             )  # fmt: skip
+            self.stream = observe_pyro_sampler(
+                self.pyro_mcmc, lambda pyros: SampleStream(pyros, num_chains, num_samples)
+            )
             return
         if not isinstance(kernel, SGMCMCKernel):
             raise ValueError(
@@ -237,7 +241,7 @@ disable_validation, transforms, save_params :
 
         If a run stops early (``KeyboardInterrupt`` or any exception, re-raised), the draws kept so
         far stay readable (``"sequential"``: see :mod:`pyro_sgmcmc.run.sequential`; ``"parallel"``:
-        with one chain only, see :mod:`pyro_sgmcmc.run.pyro_chains`): :meth:`get_samples`,
+        :mod:`pyro_sgmcmc.run.pyro_chains`): :meth:`get_samples`,
         :meth:`summary`, :meth:`diagnostics` and :func:`~pyro_sgmcmc.to_inference_data` give them
         with a :class:`PartialRunWarning`, and :attr:`partial` says where the run stopped and how to
         resume it.
@@ -256,26 +260,33 @@ disable_validation, transforms, save_params :
 
     def _run_pyro(self, args: tuple, kwargs: dict) -> None:
         """``chain_method="parallel"``: Pyro's run, read back through its public ``get_samples``."""
-        sampler, recorder = self.pyro_mcmc, self.recorder
-        if recorder is not None:
-            recorder.start()
+        sampler, recorder, stream = self.pyro_mcmc, self.recorder, self.stream
+        recorder.start()
+        stream.start()
         try:
             sampler.run(*args, **kwargs)
         except BaseException as error:
-            self.partial = stopped_parallel_run(recorder, error, self.warmup_steps, self.num_samples)
-            samples = None if recorder is None else recorder.samples(self.kernel, self.transforms)
-            if samples is not None:
-                self.draws = Draws(samples, [self.kernel.diagnostics()], args, kwargs)
+            stopped = stopped_parallel_run(
+                stream,
+                recorder,
+                error,
+                self.warmup_steps,
+                lambda: pyro_transforms(self.kernel, self.transforms, args, kwargs),
+                self.kernel.diagnostics,
+                sampling_stage(self.kernel, self.warmup_steps),
+            )
+            self.partial = stopped.partial
+            if stopped.samples is not None:
+                self.draws = Draws(stopped.samples, stopped.diagnostics, args, kwargs)
+                self.superchain_ids = self.superchain_ids[: len(stopped.diagnostics)]
             raise
         finally:
-            if recorder is not None:
-                recorder.start()  # the copies are no longer needed
+            recorder.start()  # the copies are no longer needed
+            stream.start()
         samples = sampler.get_samples(group_by_chain=True)
-        schedule = getattr(self.kernel, "step_size", None)
-        if isinstance(schedule, Schedule) and schedule.staged:  # the sampling stages' draws only, as elsewhere
-            schedule = schedule.starting_at(self.warmup_steps)
-            keep = [schedule.sampling_stage(self.warmup_steps + j) for j in range(self.num_samples)]
-            samples = {name: value[:, keep] for name, value in samples.items()}
+        stage = sampling_stage(self.kernel, self.warmup_steps)
+        if stage is not None:  # the sampling stages' draws only, as elsewhere
+            samples = {name: value[:, [stage(j) for j in range(self.num_samples)]] for name, value in samples.items()}
         self.draws = Draws(samples, pyro_chain_diagnostics(sampler), args, kwargs)
         self.transforms = sampler.transforms
 

@@ -186,7 +186,7 @@ def to_inference_data(
     partial = getattr(mcmc, "partial", None)
     # a cyclical schedule under pyro_sgmcmc.MCMC: only the sampling stages' draws are kept (pyro.infer.MCMC keeps all)
     staged = kernel.step_size if kernel.step_size.staged and isinstance(mcmc, MCMC) else None
-    for group in ("posterior", "sample_stats"):
+    for group in ("posterior", "sample_stats") if groups["sample_stats"] else ("posterior",):
         setattr(idata, group, getattr(idata, group).assign_coords(superchain=("chain", superchains)))
         if staged is not None:
             getattr(idata, group).attrs["draws_kept"] = f"sampling stages only (sampling_stage), of {staged!r}"
@@ -203,6 +203,8 @@ def _sample_stats(mcmc, num_chains: int, num_draws: int) -> Dict[str, np.ndarray
     # chain_method="parallel" or pyro.infer.MCMC: only the divergences are recorded per draw
     draws = getattr(mcmc, "draws", None)
     per_chain = draws.chain_diagnostics if draws is not None else pyro_chain_diagnostics(mcmc)
+    if any("divergences" not in info for info in per_chain):  # an interrupted run's worker processes: not known
+        return {}
     diverging = np.zeros((num_chains, num_draws), dtype=bool)
     for chain, info in enumerate(per_chain):
         diverging[chain, info["divergences"]] = True

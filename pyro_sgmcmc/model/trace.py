@@ -16,21 +16,27 @@ the init strategy, and :func:`trace_model` reads from that trace
 
 It refuses, naming the site or plate, what a stochastic-gradient kernel cannot sample: discrete latent
 sites, latent sites inside a subsampled plate, plate sizes that are not counts, observations that do
-not broadcast with their distribution.
+not broadcast with their distribution, and, when Pyro's validation is on, observations outside a discrete
+support (:mod:`pyro_sgmcmc.model.observed_support`: the whole data, once, at set-up).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+import pyro.distributions
 import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
+
+from .observed_support import ObservedSources, support_violations, walk_full_data
 
 __all__ = ["LatentSite", "ModelError", "ModelTrace", "SubsamplePlate", "is_identity", "trace_model"]
 
@@ -93,15 +99,22 @@ def trace_model(
     model: Callable, args: tuple, kwargs: dict, init_strategy: Callable, num_data: Optional[int] = None
 ) -> ModelTrace:
     """Trace ``model(*args, **kwargs)`` once under ``init_strategy`` and read its layout (no side effects
-    on the param store or outer handlers: the run is blocked)."""
+    on the param store or outer handlers: the run is blocked).
+
+    With Pyro's validation on (:func:`pyro.distributions.is_validation_enabled`), the trace is watched to
+    find the argument each observed value is read from, and observations outside a discrete support are a
+    :class:`ModelError` (:mod:`~pyro_sgmcmc.model.observed_support`)."""
     dtype_hint, device_hint = _data_dtype_and_device(args, kwargs)
     init_fn = _discrete_from_prior(init_strategy, dtype_hint, device_hint)
-    with poutine.block():
+    sources = ObservedSources(model, args, kwargs) if pyro.distributions.is_validation_enabled() else None
+    with poutine.block(), sources or contextlib.nullcontext():
         checked = _SubsampleCheck()(InitMessenger(init_fn)(model))
         trace = poutine.trace(checked).get_trace(*args, **kwargs)
     plates = _find_subsample_plates(trace)
     sites, values = _find_latent_sites(trace, plates)
     _check_observed_shapes(trace)
+    if sources is not None:
+        _check_observed_support(trace, sources, functools.partial(walk_full_data, model, args, kwargs, values, trace))
     observed = [
         site["value"] for site in trace.nodes.values()
         if site["type"] == "sample" and site["is_observed"] and torch.is_tensor(site["value"])
@@ -266,6 +279,17 @@ def _check_observed_shapes(trace) -> None:
                 f"distribution's shape {tuple(expected)} (plates {plates}); in a subsampled plate, index the data "
                 "with the plate's indices (obs=y[idx])"
             ) from None
+
+
+def _check_observed_support(trace, sources: ObservedSources, walk: Callable) -> None:
+    """Refuse observations outside their discrete support, naming the site, the distribution and the data."""
+    violations = support_violations(trace, sources, walk)
+    if violations:
+        raise ModelError(
+            "; ".join(violations) + ". Pyro's validation (on) refuses such values when it evaluates the "
+            "likelihood, and without it they are scored without a word (a count of 2.5 has a finite, meaningless "
+            "log-density): give the site values in its support (counts, 0/1 labels, classes 0 to K - 1)"
+        )
 
 
 def _broadcastable(a: Tuple[int, ...], b: Tuple[int, ...]) -> bool:

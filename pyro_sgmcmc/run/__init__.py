@@ -5,7 +5,8 @@
 * :mod:`~pyro_sgmcmc.run.checkpoint`: what a run writes to its checkpoint and how it resumes.
 * :mod:`~pyro_sgmcmc.run.checkpoint_settings`: where and how often it writes it (:class:`CheckpointSettings`).
 * :mod:`~pyro_sgmcmc.run.partial`: what is left of an interrupted run.
-* :mod:`~pyro_sgmcmc.run.pyro_chains`: what an interrupted ``"parallel"`` run (Pyro's own) keeps.
+* :mod:`~pyro_sgmcmc.run.pyro_chains`: what an interrupted ``"parallel"`` run (Pyro's own) keeps, in worker
+  processes or not.
 * :mod:`~pyro_sgmcmc.run.readers`: a run's draws and Pyro's readers of them (:class:`Draws`).
 * :mod:`~pyro_sgmcmc.run.starts`: every chain's starting point, as a vectorised run draws it.
 """

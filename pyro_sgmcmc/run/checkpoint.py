@@ -11,10 +11,16 @@ One run writes a checkpoint at a time, and the directory is checked before the f
 :meth:`RunCheckpoint.close`, its directory is probed (:mod:`~pyro_sgmcmc.run.checkpoint_directory`), and a
 write that fails later (a full disk) is a :class:`~pyro_sgmcmc.checkpoint.CheckpointWriteError` naming the
 path that leaves the last complete checkpoint as it was.
+
+A finished run's checkpoint can be read where it cannot be written (an archive: a read-only directory, or one
+not the user's): resuming it writes nothing, so when the directory refuses the probe with a permission or
+read-only error and the checkpoint there is complete, it is opened read-only (:func:`open_checkpoint`) and
+its draws loaded. A checkpoint that is not complete still needs the directory, and the lock, to be resumed.
 """
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -53,8 +59,18 @@ def open_checkpoint(
     files of killed writes removed. With ``resume`` and a file there its index is read and verified now
     (:meth:`RunCheckpoint.load`): a checkpoint of other settings is refused before the chains' set-up, and a
     matching one then restores them (:meth:`RunCheckpoint.restore`) instead of it (:meth:`RunCheckpoint.start`).
+
+    With ``resume``, a directory that refuses writes (``EACCES``, ``EPERM``, ``EROFS``) holding a *complete*
+    checkpoint of this run is opened read-only instead: no probe, no lock (no file can be made there), the index
+    read and verified, the draws then restored; resuming it runs no step and writes nothing. A run that would write
+    (an incomplete checkpoint, or none) is refused with the probe's error, as before.
     """
-    check_writable(path, sync)
+    try:
+        check_writable(path, sync)
+    except CheckpointWriteError as error:
+        if not (resume and path.is_file() and error.errno in READ_ONLY):
+            raise
+        return _open_finished(path, fingerprint, length, key, error)
     checkpoint = RunCheckpoint(path, fingerprint, sync, key)
     checkpoint.lock = CheckpointLock(path)
     try:
@@ -64,6 +80,32 @@ def open_checkpoint(
     except BaseException:
         checkpoint.close()
         raise
+    return checkpoint
+
+
+#: The errors of a directory that can be read but not written.
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _open_finished(
+    path: Path, fingerprint: dict, length: RunLength, key: Optional[bytes], refused: CheckpointWriteError
+) -> "RunCheckpoint":
+    """A complete checkpoint in a directory that cannot be written, opened to be read (see :func:`open_checkpoint`).
+
+    Without the lock: a reader writes nothing, and every record and chunk it reads is verified against the index's
+    checksums and the hash chain, so a run that replaces the checkpoint meanwhile (``resume=False``, by a user who
+    may write there) makes the read fail with a named error, never return a mixture."""
+    checkpoint = RunCheckpoint(path, fingerprint, sync=False, key=key)
+    checkpoint.read_only = True
+    checkpoint.load(length)
+    if checkpoint.on_disk != length.total_steps:
+        raise CheckpointWriteError(
+            refused.errno,
+            f"{refused.strerror or refused} The checkpoint there is at step {checkpoint.on_disk} of "
+            f"{length.total_steps}: resuming it writes to the directory (a complete run's checkpoint can be read "
+            "where it cannot be written)",
+            path,
+        ) from refused
     return checkpoint
 
 
@@ -82,6 +124,7 @@ class RunCheckpoint:
         self.lock: Optional[CheckpointLock] = None  # held from open_checkpoint to close
         self.on_disk: Optional[int] = None  # the step of this run's last complete checkpoint at path (None: none)
         self.moved_to: Optional[Path] = None  # where a fresh start moved the checkpoint it found (move_aside)
+        self.read_only = False  # a complete checkpoint opened where it cannot be written: nothing may be written
 
     def write(self, steps_done: int, phase: str, kernel: SGMCMCKernel, store: DrawStore) -> None:
         """One chunk with the draws since the last write (O(k)), then the index: written together (their
@@ -91,6 +134,8 @@ class RunCheckpoint:
         :class:`~pyro_sgmcmc.checkpoint.CheckpointWriteError` naming the path and the last complete
         checkpoint, which stays as it was (the run's draws stay in memory: see :mod:`~pyro_sgmcmc.run.loop`).
         """
+        if self.read_only:
+            raise RuntimeError(f"checkpoint {self.path} was opened read-only (a complete run): nothing is written")
         pending: list = []
         last_chunk = self.last_chunk
         try:

@@ -21,7 +21,9 @@ class PartialRun(NamedTuple):
     Attributes
     ----------
     steps_done, total_steps : int
-        Steps completed (warmup included) and the steps of the complete run.
+        Steps completed (warmup included) and the steps of the complete run: per chain, but for a
+        ``"sequential"`` run, which counts the steps of all its chains; for ``"parallel"``, the steps of the
+        draws kept.
     num_draws, num_samples : int
         Draws kept per chain so far, and those a complete run keeps.
     error : str
@@ -35,7 +37,8 @@ class PartialRun(NamedTuple):
     num_chains_kept : int or None
         How many chains the draws hold when fewer than the run's (``None``: all of them). A
         ``"sequential"`` run stopped in chain ``c > 0`` keeps its ``c`` finished chains; one
-        stopped in its first chain keeps that chain's draws so far.
+        stopped in its first chain keeps that chain's draws so far; a ``"parallel"`` run keeps the leading
+        chains and draws that hold the most draws (:mod:`pyro_sgmcmc.run.pyro_chains`).
     """
 
     steps_done: int

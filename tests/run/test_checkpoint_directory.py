@@ -213,3 +213,63 @@ def test_a_fresh_start_removes_unlisted_chunks_and_stale_temporary_files_and_not
     assert [file.exists() for file in stale] == [False] * len(stale)
     assert all(file.exists() for file in kept)
     assert not lock_path(path).exists()
+
+
+# ---------------------------------------------------------------------- a finished run's archive, read-only
+def _archive(directory: Path):
+    """Make the checkpoint's directory and its chunk directory read-only (an archive)."""
+    for folder in (directory / "run.ckpt.draws", directory):
+        if folder.is_dir():  # no chunk directory before the first kept draw
+            folder.chmod(0o500)
+    return _directory_modes_apply_to_this_thread()
+
+
+def test_a_finished_runs_checkpoint_is_read_from_a_read_only_directory(tmp_path):
+    """Resuming a complete run writes nothing, so its checkpoint in a read-only directory loads: the draws and
+    statistics are the run's own, bit for bit, no step runs, and no file is made or changed (no probe, no lock)."""
+    directory = tmp_path / "archive"
+    directory.mkdir()
+    path = directory / "run.ckpt"
+    finished = _mcmc(path)
+    finished.run(*script.data())
+    before = {p: p.stat().st_mtime_ns for p in directory.rglob("*")}
+    steps = []
+    reader = _mcmc(path, hook=lambda *a: steps.append(a))
+    with _archive(directory):
+        reader.run(*script.data())
+    _equal_runs(finished, reader)
+    assert steps == [] and reader.partial is None
+    assert {p: p.stat().st_mtime_ns for p in directory.rglob("*")} == before  # nothing written, nothing left
+
+
+def test_an_unfinished_checkpoint_in_a_read_only_directory_is_still_refused(tmp_path):
+    """Resuming it would write: the probe's error, saying how far the checkpoint is, and no step run."""
+    directory = tmp_path / "archive"
+    directory.mkdir()
+    path = directory / "run.ckpt"
+
+    def stop(kernel, params, stage, i):
+        if kernel.state.step == 25:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        _mcmc(path, hook=stop).run(*script.data())
+    steps = []
+    resumed = _mcmc(path, hook=lambda *a: steps.append(a))
+    with _archive(directory), pytest.raises(CheckpointWriteError) as refused:
+        resumed.run(*script.data())
+    total = script.SETTINGS["warmup_steps"] + script.SETTINGS["num_samples"]
+    assert "is not writable" in str(refused.value) and f"is at step 20 of {total}" in str(refused.value)
+    assert refused.value.errno == errno.EACCES and steps == []
+
+
+def test_a_finished_checkpoint_in_a_writable_directory_is_still_locked(tmp_path):
+    """Reading without the lock is for directories nobody can lock in; elsewhere a resume holds the path as any
+    run does, so one-writer-per-path is unchanged."""
+    from pyro_sgmcmc.checkpoint import CheckpointInUse
+    from pyro_sgmcmc.run.checkpoint_lock import CheckpointLock
+
+    path = tmp_path / "run.ckpt"
+    _mcmc(path).run(*script.data())
+    with CheckpointLock(path), pytest.raises(CheckpointInUse):
+        _mcmc(path).run(*script.data())

@@ -123,23 +123,57 @@ def test_resuming_a_partial_run_from_its_checkpoint_completes_it(sgld_reference,
 # (KeyboardInterrupt) raised from the hook of sampling step `k - 1` (its draw is kept before the
 # hook runs), of the chain `stop_chain` for a sequential run ("Sample [c]"); the oracle is the
 # uninterrupted run of the same settings and seed, whose first draws must come back bit for bit.
+# "parallel" is Pyro's MCMC, which runs several chains in worker processes when the machine has a core for
+# each and in this process one after another otherwise: both are run here, whatever the machine, by telling
+# Pyro how many cores there are ("parallel-processes": 64, "parallel": 1). In worker processes the hook runs
+# in the worker: there each chain waits at its draw K for the others (a barrier: every chain has then sent
+# exactly K draws to this process), and one of them sends SIGINT to this process, a real Ctrl-C.
 K = 17
 
 
-def _run_of(chain_method, num_chains, stop_at=None, stop_chain=0):
-    import pyro
+def _parallel_processes(monkeypatch, processes):
+    """Make Pyro see 64 cores (chains in worker processes) or 1 (chains in this process), on any machine."""
+    import torch.multiprocessing
+
+    monkeypatch.setattr(torch.multiprocessing, "cpu_count", lambda: 64 if processes else 1)
+
+
+def _sigint_from_the_workers(num_chains, error=None):
+    """A hook for Pyro's forked workers: at draw K every chain waits for the others, then one sends SIGINT to this
+    process (or, with ``error``, every chain raises it)."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    barrier, parent = multiprocessing.get_context("fork").Barrier(num_chains), os.getpid()
 
     def hook(kernel, params, stage, i):
+        if stage.startswith("Sample") and i == K:
+            first = barrier.wait(timeout=120) == 0
+            if error is not None:
+                raise error("stopped by the test")
+            if first:
+                os.kill(parent, signal.SIGINT)
+            time.sleep(120)  # until Pyro's run, interrupted, terminates the workers
+
+    return hook
+
+
+def _run_of(chain_method, num_chains, stop_at=None, stop_chain=0, hook=None):
+    import pyro
+
+    def stop(kernel, params, stage, i):
         chain = int(stage[stage.index("[") + 1 : -1]) if "[" in stage else 0
         if stage.startswith("Sample") and (chain, i) == (stop_chain, stop_at - 1):
             raise KeyboardInterrupt
 
-    options = {} if chain_method == "parallel" else {"seed": 5}
-    options["hook_fn"] = None if stop_at is None else hook
+    options = {"mp_context": "fork"} if chain_method == "parallel" else {"seed": 5}
+    options["hook_fn"] = hook or (None if stop_at is None else stop)
     pyro.set_rng_seed(0)
     mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=num_chains,
                 chain_method=chain_method, disable_progbar=True, **options)  # fmt: skip
-    if stop_at is None:
+    if options["hook_fn"] is None:
         mcmc.run(*script.data())
     else:
         with pytest.raises(KeyboardInterrupt):
@@ -147,14 +181,31 @@ def _run_of(chain_method, num_chains, stop_at=None, stop_chain=0):
     return mcmc
 
 
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt) while the test runs, as in an interactive session."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("num_chains", [1, 3])
-@pytest.mark.parametrize("chain_method", ["vectorized", "sequential", "parallel"])
-def test_ctrl_c_keeps_the_draws_so_far_on_every_chain_method(chain_method, num_chains):
-    if chain_method == "parallel" and num_chains > 1:
-        pytest.skip("Pyro's worker processes: test_an_error_in_parallel_chains_says_their_draws_are_lost")
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential", "parallel", "parallel-processes"])
+def test_ctrl_c_keeps_the_draws_so_far_on_every_chain_method(chain_method, num_chains, monkeypatch, default_sigint):
+    processes = chain_method == "parallel-processes"
+    if processes and num_chains == 1:
+        pytest.skip("Pyro runs one chain in this process: the 'parallel' case")
+    chain_method = chain_method.split("-")[0]
+    if chain_method == "parallel":
+        _parallel_processes(monkeypatch, processes)
     reference = _run_of(chain_method, num_chains).get_samples(group_by_chain=True)
-    mcmc = _run_of(chain_method, num_chains, stop_at=K)
-    kept_chains = 1 if chain_method == "sequential" else num_chains  # stopped in the first chain
+    if processes:
+        mcmc = _run_of(chain_method, num_chains, hook=_sigint_from_the_workers(num_chains))
+    else:
+        mcmc = _run_of(chain_method, num_chains, stop_at=K)
+    kept_chains = num_chains if chain_method == "vectorized" or processes else 1  # stopped in the first chain
     partial = mcmc.partial
     assert (partial.num_draws, partial.num_samples, partial.steps_done) == (K, SAMPLES, WARMUP + K)
     assert "KeyboardInterrupt" in partial.error
@@ -168,15 +219,21 @@ def test_ctrl_c_keeps_the_draws_so_far_on_every_chain_method(chain_method, num_c
     assert partial.num_chains_kept == (None if kept_chains == num_chains else kept_chains)
     with pytest.warns(PartialRunWarning):  # the other readers read the same draws
         assert mcmc.diagnostics()["w"]["n_eff"].shape == (3,)
+        assert to_inference_data(mcmc).posterior.sizes["chain"] == kept_chains
         assert to_inference_data(mcmc).posterior.sizes["draw"] == K
+    assert mcmc.superchain_ids.shape == (kept_chains,)
 
 
-def test_ctrl_c_in_a_later_sequential_chain_keeps_the_finished_chains():
-    reference = _run_of("sequential", 3).get_samples(group_by_chain=True)
-    mcmc = _run_of("sequential", 3, stop_at=K, stop_chain=2)
+@pytest.mark.parametrize("chain_method", ["sequential", "parallel"])
+def test_ctrl_c_in_a_later_chain_run_one_after_another_keeps_the_finished_chains(chain_method, monkeypatch):
+    """Stopped at draw K of chain 2: chains 0 and 1, complete (120 draws), rather than 3 chains of K (51)."""
+    _parallel_processes(monkeypatch, False)  # "parallel": Pyro runs the chains in this process, one after another
+    reference = _run_of(chain_method, 3).get_samples(group_by_chain=True)
+    mcmc = _run_of(chain_method, 3, stop_at=K, stop_chain=2)
     partial = mcmc.partial
     assert (partial.num_draws, partial.num_chains_kept) == (SAMPLES, 2)
-    assert partial.steps_done == 2 * (WARMUP + SAMPLES) + WARMUP + K
+    steps = 2 * (WARMUP + SAMPLES) + WARMUP + K if chain_method == "sequential" else WARMUP + SAMPLES  # per chain
+    assert partial.steps_done == steps
     with pytest.warns(PartialRunWarning, match="first 2 chain"):
         samples = mcmc.get_samples(group_by_chain=True)
     for name, draws in samples.items():
@@ -184,6 +241,8 @@ def test_ctrl_c_in_a_later_sequential_chain_keeps_the_finished_chains():
     with pytest.warns(PartialRunWarning):
         assert to_inference_data(mcmc).posterior.sizes["chain"] == 2
     mcmc.hook_fn = None
+    if mcmc.recorder is not None:  # "parallel": Pyro's run calls the recorder, which calls the hook
+        mcmc.recorder.hook_fn = None
     mcmc.run(*script.data())  # the same object, run again: complete, all its chains
     assert mcmc.partial is None and mcmc.superchain_ids.shape == (3,)
 
@@ -214,21 +273,21 @@ def test_a_sequential_run_failed_in_set_up_says_so():
         mcmc.get_samples()
 
 
-def test_an_error_in_parallel_chains_says_their_draws_are_lost():
-    # Pyro's worker processes (forked: the hook is a local function) report an Exception to the
-    # parent, which re-raises it; a KeyboardInterrupt ends a worker silently (Ctrl-C interrupts the
-    # parent too), so the stop here is a RuntimeError.
+def test_an_error_in_a_parallel_worker_keeps_the_draws_received(monkeypatch):
+    """Pyro sends a worker's exception to this process, which re-raises it: the draws every chain had sent are
+    kept (here K each: the chains wait for each other at draw K, then raise), bit for bit the first K draws."""
+    _parallel_processes(monkeypatch, True)
+    reference = _run_of("parallel", 2).get_samples(group_by_chain=True)
     import pyro
-
-    def hook(kernel, params, stage, i):
-        if stage.startswith("Sample") and i == K - 1:
-            raise RuntimeError("stopped by the test")
 
     pyro.set_rng_seed(0)
     mcmc = MCMC(SGLD(script.model, step_size=0.02), num_samples=SAMPLES, warmup_steps=WARMUP, num_chains=2,
-                hook_fn=hook, mp_context="fork", disable_progbar=True)  # fmt: skip
+                hook_fn=_sigint_from_the_workers(2, RuntimeError), mp_context="fork", disable_progbar=True)  # fmt: skip
     with pytest.raises(RuntimeError, match="stopped by the test"):
         mcmc.run(*script.data())
-    assert mcmc.partial.num_draws == 0 and "RuntimeError" in mcmc.partial.error
-    with pytest.raises(RunNotFinished, match="draws are lost .*chain_method='vectorized' or 'sequential'"):
-        mcmc.get_samples()
+    assert (mcmc.partial.num_draws, mcmc.partial.num_chains_kept) == (K, None)
+    assert "RuntimeError" in mcmc.partial.error
+    with pytest.warns(PartialRunWarning, match=f"{K} of {SAMPLES} draws per chain"):
+        samples = mcmc.get_samples(group_by_chain=True)
+    for name, draws in samples.items():
+        assert torch.equal(draws, reference[name][:, :K]), name
