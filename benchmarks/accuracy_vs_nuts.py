@@ -301,7 +301,9 @@ def main(argv=None):
         return None
     torch.set_num_threads(1)
     sizes = [10**4] if args.tiny else args.sizes
-    results = {"tolerance_sd": TOLERANCE, "dim": D, "sizes": {}}
+    context = harness.run_context()
+    print(harness.context_line(context), flush=True)
+    results = {"context": context, "tolerance_sd": TOLERANCE, "dim": D, "sizes": {}}
     for n in sizes:
         pyro.set_rng_seed(0)
         load = harness.load_average()

@@ -160,6 +160,8 @@ def main() -> None:
         f"--chain-batch={args.chain_batch}", f"--dp-chains={args.dp_chains}", f"--dp-batch={args.dp_batch}",
         f"--steps={args.steps}", f"--skip={args.skip}",
     ]  # fmt: skip
+    context = harness.run_context(worker_torch_threads=1)  # each worker runs on one thread (its launch sets it)
+    print(harness.context_line(context, threads=1), flush=True)
     runs = {mode: {1: [], 2: []} for mode in ("chains", "data")}
     for repeat in range(args.repeats):
         for mode in runs:
@@ -185,8 +187,9 @@ def main() -> None:
               f"({row['cpu_ms_2']:.1f}) {row['speedup_wall']:6.2f}x ({row['speedup_cpu']:.2f}x)")  # fmt: skip
     settings = {k: v for k, v in vars(args).items() if k not in ("forward", "worker", "out", "mode")}
     load = harness.load_average()
-    result = {"settings": settings, "summary": summary, "runs": runs, "load_average_at_end": load}
-    print(f"wrote {harness.write_json(args.out, result)}; load average {load}")
+    result = {"context": context, "settings": settings, "summary": summary, "runs": runs, "load_average_at_end": load}
+    print(harness.context_line(context, load, threads=1))
+    print(f"wrote {harness.write_json(args.out, result)}")
 
 
 if __name__ == "__main__":

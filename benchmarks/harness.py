@@ -11,7 +11,9 @@ script reads as its question and its answer:
   every step, :func:`rotating_rounds` (contenders interleaved, order rotating, page faults counted),
   :func:`step_summary`, :func:`best_ms`, :func:`interleaved_best_ms`, :func:`paired_median`, :func:`timed`,
   :func:`median_seconds`;
-* the machine: :func:`machine_info`, :func:`load_average`, :func:`package_fingerprint`, :func:`rss_bytes`;
+* the machine: :func:`machine_info`, :func:`load_average`, :func:`run_context` and :func:`context_line` (what
+  every timing is printed and stored beside: the date, the CPU, the load and the torch threads),
+  :func:`package_fingerprint`, :func:`rss_bytes`;
 * results: :func:`parser` (the common flags), :func:`write_json`, :class:`Log`, :func:`rst_list_table`,
   :func:`markdown_table`, :func:`text_table`.
 """
@@ -174,6 +176,32 @@ def load_average() -> Optional[List[float]]:
         return [round(v, 2) for v in os.getloadavg()]
     except OSError:
         return None
+
+
+def run_context(**extra: Any) -> dict:
+    """What a timing depends on, to store beside it: the UTC date, :func:`machine_info` (CPU model and count,
+    torch threads, versions; plus ``extra``) and the load average now (other jobs on a shared machine).
+
+    Every benchmark that writes a results JSON records one of these (``tests/test_docs_timings.py`` checks)."""
+    return {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine_info(**extra),
+        "load_average": load_average(),
+    }
+
+
+def context_line(context: dict, load_end: Optional[List[float]] = None, threads: Optional[int] = None) -> str:
+    """One line to print beside a run's figures: date, CPU, cores, load (at start, and at the end if given)
+    and torch threads (``threads`` where the timed code ran with another count than this process)."""
+    machine = context["machine"]
+    load = " ".join(f"{v:.2f}" for v in context["load_average"] or []) or "unknown"
+    if load_end is not None:
+        load += " -> " + " ".join(f"{v:.2f}" for v in load_end)
+    threads = machine["torch_threads"] if threads is None else threads
+    return (
+        f"{context['date_utc']}; {machine['cpu']}, {machine['cpus']} cores; load average (1, 5, 15 min) {load}; "
+        f"{threads} torch thread{'s' if threads != 1 else ''}"
+    )
 
 
 def package_fingerprint() -> dict:

@@ -71,14 +71,16 @@ def main(argv=None) -> dict:
     if args.tiny:
         args.size, args.chains, args.steps, args.rounds = "small", 4, 2, 1
     torch.set_num_threads(1)
-    load_before = harness.load_average()
+    context = harness.run_context()
     results = time_kernels(args.size, args.chains, args.steps, args.rounds)
-    print(f"{args.size} MLP ({dim(SIZES[args.size]):,} weights), {args.chains} chains, load {load_before[0]:.1f}")
+    load_after = harness.load_average()
+    print(f"{args.size} MLP ({dim(SIZES[args.size]):,} weights), {args.chains} chains")
+    print(f"  [{harness.context_line(context, load_after)}]")
     for name, r in results.items():
         ms, faults = r["cpu_ms_per_step"], r["page_faults_per_step"]
         print(f"  {name:6} {ms:10.2f} ms CPU per step  {faults:10.0f} faults per step")
     out = {"size": args.size, "chains": args.chains, "steps": args.steps, "rounds": args.rounds,
-           "load_before": load_before, "load_after": harness.load_average(), "kernels": results}  # fmt: skip
+           "context": context, "load_after": load_after, "kernels": results}  # fmt: skip
     harness.write_json(args.out, out)
     return out
 

@@ -305,6 +305,8 @@ def main(argv=None) -> dict:
 
 
 def run(args) -> dict:
+    context = harness.run_context()
+    print(harness.context_line(context), flush=True)
     data = load_data(args.seed, args.tiny)
     net = Mlp(args.hidden, args.batch_size)
     guide, map_time = fit_map(net, data, args.map_steps, args.seed)
@@ -318,7 +320,11 @@ def run(args) -> dict:
     rows += laplace_torch_rows(args, params, data)
     table = markdown(rows)
     print(table)
+    load_end = harness.load_average()
+    print(harness.context_line(context, load_end))
     results = {
+        "context": context,
+        "load_average_end": load_end,
         "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                    "torch": torch.__version__, "num_train": len(data["y"]), "num_test": len(data["y_test"])},
         "rows": rows,

@@ -239,8 +239,9 @@ def main(argv=None) -> dict:
     variants = [("diag_ef", False), ("diag_ggn", False), ("diag_ggn", True), ("kron", False), ("kron", True)]
     results = {"config": {"N": n, "B": batch, "threads": args.threads, "repeats": repeats,
                           "network": f"{D_IN}-{HIDDEN}-{HIDDEN}-K tanh MLP"},
-               "versions": harness.machine_info(),
+               "context": harness.run_context(sweep_torch_threads=args.threads),
                "tasks": {}}  # fmt: skip
+    print(harness.context_line(results["context"], threads=args.threads), flush=True)  # each sweep's threads
     for task in args.tasks:
         memory = {}
         d = None
@@ -267,6 +268,8 @@ def main(argv=None) -> dict:
             "pyro_autolaplace": pyro_cost,
         }
         print(json.dumps(results["tasks"][task], indent=1), flush=True)
+    results["load_average_end"] = harness.load_average()
+    print(harness.context_line(results["context"], results["load_average_end"], threads=args.threads))
     harness.write_json(args.out, results)
     return results
 

@@ -230,13 +230,15 @@ def main(argv=None) -> dict:
     pyro.enable_validation(False)
     results = {"config": {k: (v.name if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     results["config"]["torch"] = torch.__version__
+    results["context"] = harness.run_context()
+    print(harness.context_line(results["context"]), flush=True)
     results["map_step_ms"] = map_step_times(args)
     print("MAP step (ms):", json.dumps(results["map_step_ms"]))
-    if args.skip_predictive:
-        harness.write_json(args.out, results)
-        return results
-    results["glm_predictive"] = predictive_times(args)
-    print("GLM predictive:", json.dumps(results["glm_predictive"], indent=1))
+    if not args.skip_predictive:
+        results["glm_predictive"] = predictive_times(args)
+        print("GLM predictive:", json.dumps(results["glm_predictive"], indent=1))
+    results["load_average_end"] = harness.load_average()
+    print(harness.context_line(results["context"], results["load_average_end"]))
     harness.write_json(args.out, results)
     return results
 

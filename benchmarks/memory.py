@@ -115,7 +115,7 @@ def main(argv=None):
     steps = 2000 if args.tiny else args.steps
     x, y = make_data()
     hidden = SIZES["small"]
-    results = {"steps": steps, "chains": args.chains, "load_before": harness.load_average(), "runs": {}}
+    results = {"steps": steps, "chains": args.chains, "context": harness.run_context(), "runs": {}}
     for name, fn in (
         ("kernel (1 chain)", lambda: run_kernel(x, y, hidden, steps)),
         ("vectorized keep_last=1", lambda: run_vectorized(x, y, hidden, steps, args.chains, 1, 1)),
@@ -132,7 +132,7 @@ def main(argv=None):
             f"{'flat' if r['flat'] else 'GROWS'}  [{r['seconds']:.0f} s]"
         )
     results["load_after"] = harness.load_average()
-    print(f"load average {results['load_before'][0]:.1f} -> {results['load_after'][0]:.1f}")
+    print(harness.context_line(results["context"], results["load_after"]))
     if not args.tiny:
         harness.write_json(args.out, results, indent=1)
     return results

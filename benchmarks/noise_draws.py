@@ -95,15 +95,17 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     chains = [1, 4] if args.tiny else args.chains
+    context = harness.run_context(omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
     rows = []
     for num_chains in chains:
         number = max(1, 2000 // num_chains) if not args.tiny else 1
         result = measure(num_chains, args.dim if not args.tiny else 7, number, 1 if args.tiny else 7)
         rows.append(result)
         print(result, flush=True)
-    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, load {harness.load_average()}")
+    load_end = harness.load_average()
+    print(f"{harness.context_line(context, load_end)}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     if args.out is not None:
-        harness.write_json(args.out, {"machine": harness.machine_info(), "results": rows})
+        harness.write_json(args.out, {"context": context, "load_average_end": load_end, "results": rows})
 
 
 if __name__ == "__main__":

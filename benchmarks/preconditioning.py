@@ -168,7 +168,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)
-    results = {"config": vars(args) | {"out": str(args.out)}, "posteriordb": {}, "cv": []}
+    results = {"config": vars(args) | {"out": str(args.out)}, "context": harness.run_context(), "posteriordb": {},
+               "cv": []}  # fmt: skip
+    print(harness.context_line(results["context"]), flush=True)
     warmup, samples, chains = (20, 20, 2) if args.tiny else (600, 1000, 16)
     nuts_warmup, nuts_samples = (10, 10) if args.tiny else (500, 1000)
     if args.part in ("all", "posteriordb"):
@@ -198,6 +200,8 @@ def main(argv=None):
                 results["cv"].append(row)
                 print(row, flush=True)
         results["cv_median_seconds"] = {f"cv={c} step={e}": statistics.median(v) for (c, e), v in timings.items()}
+    results["load_average_end"] = harness.load_average()
+    print(harness.context_line(results["context"], results["load_average_end"]))
     harness.write_json(args.out, results, indent=1)
 
 

@@ -182,7 +182,9 @@ def main(argv=None) -> dict:
         return result
     memory_runs = [(1, 2000), (256, 100)] if args.tiny else [(1, 50_000), (256, 4000)]
     steps = 200 if args.tiny else 2000
-    results = {"load_before": harness.load_average(), "memory": [], "checkpoint": None}
+    # each measurement runs in a child process on one torch thread (it sets it)
+    results = {"context": harness.run_context(child_torch_threads=1), "memory": [], "checkpoint": None}
+    print(harness.context_line(results["context"], threads=1), flush=True)
     for chains, draws in memory_runs:
         r = _child("memory", chains, draws)
         results["memory"].append(r)
@@ -203,6 +205,7 @@ def main(argv=None) -> dict:
         f"{r['draw_bytes'] / 1e6:.2f} MB of draws"
     )
     results["load_after"] = harness.load_average()
+    print(harness.context_line(results["context"], results["load_after"], threads=1))
     if not args.tiny:
         harness.write_json(args.out, results, indent=1)
     if args.plot:

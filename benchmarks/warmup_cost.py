@@ -85,14 +85,17 @@ def main(argv=None) -> dict:
         "defaults, no control variate": lambda: SGHMC(model, control_variate=None),
         "fixed": lambda: SGHMC(model, step_size=0.01, **harness.SAME_MATHS),
     }
-    results = {}
+    results = {"context": harness.run_context(), "kernels": {}}
+    print(harness.context_line(results["context"]), flush=True)
     for name, make in kernels.items():
-        results[name] = timed_run(make(), warmup, samples, block)
-        r = results[name]
+        results["kernels"][name] = timed_run(make(), warmup, samples, block)
+        r = results["kernels"][name]
         print(
             f"{name:30s} approach {r['approach_s']:6.2f} s  adaptation {r['adaptation_s']:6.2f} s  "
             f"sampling {r['ms_per_sampling_step']:.3f} ms/step (min {r['ms_per_sampling_step_min']:.3f})"
         )
+    results["load_average_end"] = harness.load_average()
+    print(harness.context_line(results["context"], results["load_average_end"]))
     if args.out:
         harness.write_json(args.out, results)
     return results
