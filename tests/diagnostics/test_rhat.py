@@ -122,8 +122,8 @@ def test_nested_rhat_reads_a_pyro_mcmc_run():
 
 
 def test_named_input_gives_one_dataset_whatever_its_form():
-    """A dict, our MCMC, Pyro's MCMC and InferenceData of the same draws give the same xarray.Dataset
-    (as ``arviz.rhat`` returns one for named input): parameter dims named ``<site>_dim_<i>`` as ArviZ
+    """A dict, our MCMC, Pyro's MCMC, InferenceData and its posterior Dataset of the same draws give the same
+    xarray.Dataset (as ``arviz.rhat`` returns one for named input): parameter dims named ``<site>_dim_<i>`` as ArviZ
     names them by default, and the values of the bare array (an ndarray, as ``arviz.rhat`` of an array)."""
     import warnings
 
@@ -150,10 +150,12 @@ def test_named_input_gives_one_dataset_whatever_its_form():
     ids = ours.superchain_ids.tolist()
     for run, superchains in ((ours, None), (theirs, [0, 0, 1, 1])):
         draws = {name: value.numpy() for name, value in run.get_samples(group_by_chain=True).items()}
+        idata = to_inference_data(run) if run is ours else _idata(draws, superchains)
         results = [
             nested_rhat(draws, superchains if superchains is not None else ids),
             nested_rhat(run, superchains),
-            nested_rhat(to_inference_data(run) if run is ours else _idata(draws, superchains)),
+            nested_rhat(idata),
+            nested_rhat(idata.posterior),  # a Dataset, its superchain coordinate read as from the InferenceData
         ]
         for result in results:
             assert isinstance(result, xr.Dataset)

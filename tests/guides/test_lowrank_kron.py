@@ -89,3 +89,14 @@ def test_per_site_prior_from_a_vector_and_refusal_of_zero_prior_with_truncation(
     with pytest.raises(ValueError, match="positive prior precision"):
         flat.check()
     assert math.isfinite(float(other.logdet()))
+
+
+def test_repr_shows_the_rank_and_the_kept_eigenvectors_shapes():
+    """A truncated Kronecker posterior prints what it keeps (issue 29.5: a bare ``KroneckerNormal()`` said
+    nothing): the rank, and per site the kept eigenvectors, ``(out, k) x (in, k)`` for a weight."""
+    factors, slices = _factors()
+    precision = LowRankKronPrecision(factors, slices, rank=1, prior_precision=1.0)
+    kept = "A: (2, 1) x (7, 1), B: (6, 1) x (2, 1), b: (6, 1)"
+    assert repr(precision) == f"LowRankKronPrecision(rank=1, factors: {{{kept}}})"
+    loc = torch.zeros(32, dtype=torch.float64)
+    assert repr(precision.distribution(loc)) == f"KroneckerNormal(loc: torch.Size([32]), factors: {{{kept}}})"
