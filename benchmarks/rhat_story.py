@@ -95,19 +95,22 @@ def expected_if_mixed(autocorrelation: np.ndarray, draws: int) -> dict:
 
     Classic split R-hat (halves of ``n = N/2`` draws): ``E s^2 = sigma^2 n (1 - c_n) / (n - 1)`` and the chain
     means vary by ``sigma^2 c_n``, so ``R^2 = (n - 1) / (n (1 - c_n))``. Nested R-hat: ``B = sigma^2 c_N / M``,
-    ``W = sigma^2 (c_N + N (1 - c_N) / (N - 1))`` (``sigma^2`` if ``N = 1``), ``R^2 = 1 + B / W``; ``B`` scatters
-    as ``chi2_{K-1} / (K - 1)`` about its mean, which gives the 5-95 % range of a single run.
+    ``W = sigma^2 (c_N + N (1 - c_N) / (N - 1))`` (``sigma^2`` if ``N = 1``), ``R^2 = 1 + B / W``. In a single
+    run ``B / W`` scatters about its mean as an ``F(K - 1, K (M N_eff - 1))`` variable, ``N_eff = 1 / c_N`` the
+    independent draws a chain's mean is worth: exactly so for one independent normal draw per chain (``B`` on
+    ``K - 1`` degrees of freedom, ``W`` on ``K (M - 1)``); its 5 and 95 % points give the range of a single run.
     """
     half = draws // 2
     classic = np.sqrt((half - 1) / (half * (1 - mean_variance_ratio(autocorrelation, half)))) if half > 1 else None
     c = mean_variance_ratio(autocorrelation, draws)
     within = c + draws * (1 - c) / (draws - 1) if draws > 1 else np.ones_like(c)
     ratio = c / (PER_SUPERCHAIN * within)
-    spread = scipy.stats.chi2(SUPERCHAINS - 1).ppf([0.05, 0.95]) / (SUPERCHAINS - 1)
+    within_dof = SUPERCHAINS * (PER_SUPERCHAIN / c - 1)  # W's degrees of freedom, per parameter
+    spread = scipy.stats.f(SUPERCHAINS - 1, within_dof[:, None]).ppf([[0.05, 0.95]])  # B/W over its mean
     return {
         "az.rhat": classic.tolist() if classic is not None else [math.nan, math.nan],
         "nested_rhat": np.sqrt(1 + ratio).tolist(),
-        "nested_rhat 5-95 %": np.sqrt(1 + np.outer(ratio, spread)).tolist(),
+        "nested_rhat 5-95 %": np.sqrt(1 + ratio[:, None] * spread).tolist(),
     }
 
 

@@ -218,3 +218,37 @@ def test_mixed_short_chains_fail_arvizs_rule_and_meet_nested_threshold():
     assert abs(classic - classic_expected) < 0.004, (classic, classic_expected)
     assert abs(nested - nested_expected) < 0.0011, (nested, nested_expected)
     assert classic > 1.05 and nested < nested_rhat_threshold(per_superchain, num_draws) == 1.01
+
+
+@pytest.mark.parametrize(
+    "superchains, band, above_threshold, above_1_2",
+    [(8, (1.019, 1.128), 0.44, 0.0034), (16, (1.029, 1.104), 0.46, 0.00006)],
+    ids=["quickstart-8", "chains-tutorial-16"],
+)
+def test_a_single_run_of_mixed_chains_scatters_as_the_docs_say(superchains, band, above_threshold, above_1_2):
+    """The band the docs give for one run of mixed chains with one draw each (docs/concepts.rst "Which R-hat to
+    believe", the quickstart with 8 superchains of M = 8, the chains tutorial with 16): nine runs in ten inside
+    it, the share above ``nested_rhat_threshold(8)`` and above 1.2.
+
+    Oracle: for independent normal draws, ``B / W`` is exactly ``F(K - 1, K (M - 1))`` distributed (B on
+    ``K - 1`` degrees of freedom, W pooled within superchains on ``K (M - 1)``) and ``R^2 = 1 + (B / W) / M``.
+    The docs' rounded figures are checked against that distribution (to their rounding), and 40,000 simulated
+    runs against it: a share ``p`` has Monte Carlo sd ``sqrt(p (1 - p) / 40000)`` (0.0015 at p = 0.9, 0.0025
+    at p = 0.45, 0.0003 at p = 0.0034); the tolerance is 4 of those."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    per_superchain, runs = 8, 40_000
+    law = scipy_stats.f(superchains - 1, superchains * (per_superchain - 1))
+    share_above = lambda r: float(law.sf((r**2 - 1) * per_superchain))  # noqa: E731
+    threshold = nested_rhat_threshold(per_superchain)
+    exact = {"band": share_above(band[0]) - share_above(band[1]), "threshold": share_above(threshold),
+             "1.2": share_above(1.2)}  # fmt: skip
+    assert exact["band"] == pytest.approx(0.90, abs=0.005)  # "nine times in ten", the band rounded to 3 digits
+    assert exact["threshold"] == pytest.approx(above_threshold, abs=0.005)
+    assert exact["1.2"] == pytest.approx(above_1_2, rel=0.25)  # "about 3 runs in a thousand" (8 superchains)
+
+    draws = np.random.default_rng(29).normal(size=(superchains * per_superchain, 1, runs))  # one draw a chain
+    values = np.asarray(nested_rhat(draws, np.repeat(np.arange(superchains), per_superchain))).ravel()
+    simulated = {"band": np.mean((values > band[0]) & (values < band[1])), "threshold": np.mean(values > threshold),
+                 "1.2": np.mean(values > 1.2)}  # fmt: skip
+    for key, p in exact.items():
+        assert abs(simulated[key] - p) < 4 * np.sqrt(p * (1 - p) / runs) + 1 / runs, (key, simulated[key], p)
