@@ -9,6 +9,8 @@ torch used (every example sets one itself). Measured per example:
 * CPU seconds of the process (user + system, ``getrusage(RUSAGE_CHILDREN)``): on a machine shared with other
   jobs the wall time stretches with the load, the CPU time much less;
 * the load average (1, 5 and 15 minutes) before and after, and the torch thread count;
+* the timings the example itself reports in its JSON (every number under a key that names seconds: a phase's
+  wall or CPU seconds), so that a page can quote a phase from the same run;
 * for the quickstart, the wall and CPU seconds of each ``mcmc.run`` and each side's accuracy, from its JSON.
 
 Run::
@@ -61,6 +63,27 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def own_timings(value, path: str = "") -> dict:
+    """``{"a/b/seconds": 1.23}`` for every number in an example's JSON under a key that names seconds
+    (``seconds``, ``cpu_seconds``, ``serial_s``)."""
+    found = {}
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            where = f"{path}/{key}" if path else str(key)
+            timing = "seconds" in str(key) or str(key).endswith("_s")
+            if timing and isinstance(inner, (int, float)) and not isinstance(inner, bool):
+                found[where] = round(float(inner), 3)
+            elif timing and isinstance(inner, dict):
+                found.update({f"{where}/{k}": round(float(v), 3) for k, v in inner.items()
+                              if isinstance(v, (int, float)) and not isinstance(v, bool)})  # fmt: skip
+            else:
+                found.update(own_timings(inner, where))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            found.update(own_timings(inner, f"{path}/{index}"))
+    return found
+
+
 def quickstart_figures(results: dict) -> dict:
     """The quickstart's own timings and accuracies, from the JSON it writes."""
     out = {}
@@ -89,6 +112,11 @@ def measure(name: str, tiny: bool, work: Path) -> dict:
     entry = {"command": "python examples/" + " ".join([f"{name}.py", *(["--tiny"] if tiny else [])]),
              "tiny": tiny, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "torch_threads": threads,
              "context": context, "load_average_end": harness.load_average()}  # fmt: skip
+    written = [out] if out.suffix == ".json" else sorted(out.glob("*.json"))
+    entry["own_timings"] = {}
+    for path in written:
+        timings = own_timings(json.loads(path.read_text()))
+        entry["own_timings"].update({f"{path.name}: {key}": value for key, value in timings.items()})
     if name == "quickstart":
         path = out if out.suffix == ".json" else out / "quickstart_results.json"
         entry["runs"] = quickstart_figures(json.loads(path.read_text()))

@@ -55,13 +55,6 @@ SECTIONS_TO_REMEASURE: dict = {
     ("docs/reliability.rst", "Memory of the kept draws"): ["date", "load"],
     ("docs/reliability.rst", "The log-likelihood export"): ["date"],
     ("docs/reliability.rst", "Changes"): ["script", "load"],
-    # the examples' costs, measured by hand before benchmarks/example_costs.py existed
-    ("docs/gallery/cold_posterior.rst", "Results"): ["script"],
-    ("docs/gallery/continual_learning.rst", "Results"): ["script"],
-    ("docs/gallery/double_well.rst", "Results"): ["script"],
-    ("docs/gallery/ood_detection.rst", "Results"): ["script"],
-    ("docs/gallery/ood_detection.rst", "Which of the paper's claims reproduce"): ["script", "date", "load"],
-    ("docs/laplace.rst", "Continual learning"): ["script", "load"],
 }
 
 # Results measured before the scripts recorded their context: the scripts record it now (checked below); these
@@ -244,6 +237,9 @@ def test_example_costs_times_an_example_beside_its_context(tmp_path):
     assert entry["torch_threads"] == 1  # the quickstart sets one thread itself; the launcher reads it back
     assert all(records_context(entry).values()) and DATE.search(entry["context"]["date_utc"])
     assert {"sghmc", "nuts"} == set(entry["runs"]) and entry["runs"]["sghmc"]["wall_s"] > 0
+    # the example's own phase timings, from the JSON it wrote, kept beside the totals
+    own = entry["own_timings"]["quickstart_results.json: sghmc/seconds"]
+    assert own == pytest.approx(entry["runs"]["sghmc"]["wall_s"], abs=1e-3)
     # the printed line carries the figure and, beside it, the machine, the load and the threads
     assert re.search(r"quickstart: [\d.]+ s wall, [\d.]+ s CPU", done.stdout)
     assert re.search(r"cores; load average \(1, 5, 15 min\) [\d. ]+ -> [\d. ]+; 1 torch thread\]", done.stdout)
