@@ -48,8 +48,8 @@ LOAD = re.compile(r"\bload(?:\s+average)?\b[^.]{0,80}?(?:\d|not\s+recorded)|\bqu
 # Sections whose timings do not yet name their script, date and load, with what is missing: each is to be
 # re-measured with its script (and the list shortened), not accepted. Keys: (page, section title).
 SECTIONS_TO_REMEASURE: dict = {
-    # docs/reliability.rst is edited in parallel by issue 26's helpers; its storage and export figures
-    # (benchmarks/storage.py, benchmarks/loglik_export.py) want their dates and loads there
+    # docs/reliability.rst was being edited by another hand when this test was written; its storage and export
+    # figures (benchmarks/storage.py, benchmarks/loglik_export.py) want their dates and loads stated there
     ("docs/reliability.rst", "Checkpoint and resume"): ["date"],
     ("docs/reliability.rst", "Restoring a checkpoint"): ["script", "date", "load"],
     ("docs/reliability.rst", "Memory of the kept draws"): ["date", "load"],
