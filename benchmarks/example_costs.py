@@ -20,7 +20,8 @@ Run::
     python benchmarks/example_costs.py --tiny                  # smoke test: every example at its --tiny size
 
 Results go to ``--out`` (default ``benchmarks/example_costs_results.json``); a run of a subset keeps the other
-examples' earlier entries in that file, each with its own date, machine and load.
+examples' earlier entries in that file, each with its own date, machine and load, and an example measured again
+keeps its earlier measurements under ``"earlier"``.
 """
 
 from __future__ import annotations
@@ -142,14 +143,17 @@ def main(argv=None) -> dict:
         p.error(f"examples: unknown {unknown}; choose from {EXAMPLES}")
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results.setdefault("examples", {})
+    results.setdefault("earlier", {})
     log = harness.Log()
     with tempfile.TemporaryDirectory() as work:
         for name in args.examples or EXAMPLES:
             entry = measure(name, args.tiny, Path(work))
+            if name in results["examples"]:
+                results["earlier"].setdefault(name, []).append(results["examples"][name])
             results["examples"][name] = entry
             log(describe(name, entry))
     results["package"] = harness.package_fingerprint()
-    results["log"] = log.lines
+    results["log"] = results.get("log", []) + log.lines  # every run's lines, oldest first
     harness.write_json(args.out, results)
     print(f"results written to {args.out}")
     return results
