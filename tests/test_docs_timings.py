@@ -47,16 +47,7 @@ LOAD = re.compile(r"\bload(?:\s+average)?\b[^.]{0,80}?(?:\d|not\s+recorded)|\bqu
 
 # Sections whose timings do not yet name their script, date and load, with what is missing: each is to be
 # re-measured with its script (and the list shortened), not accepted. Keys: (page, section title).
-SECTIONS_TO_REMEASURE: dict = {
-    # docs/reliability.rst was being edited by another hand when this test was written; its storage and export
-    # figures (benchmarks/storage.py, benchmarks/loglik_export.py) want their dates and loads stated there
-    ("docs/reliability.rst", "Checkpoint and resume"): ["date"],
-    ("docs/reliability.rst", "Restoring a checkpoint"): ["script", "date", "load"],
-    ("docs/reliability.rst", "Memory of the kept draws"): ["date", "load"],
-    ("docs/reliability.rst", "The log-likelihood export"): ["date"],
-    ("docs/reliability.rst", "Changes"): ["script", "load"],
-    ("docs/reliability.rst", "Nothing silently wrong, nothing lost: each promise and its test"): ["date", "load"],
-}
+SECTIONS_TO_REMEASURE: dict = {}
 
 # Results measured before the scripts recorded their context: the scripts record it now (checked below); these
 # files keep the figures the docs quote until they are measured again.
