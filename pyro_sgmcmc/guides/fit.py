@@ -21,7 +21,7 @@ from ..model.potential import ModelPotential
 from ._checks import check_positive_int
 from .sites import potential_permutation, unconstrained_shapes
 
-__all__ = ["fit_map"]
+__all__ = ["fit_map", "minibatch_indices"]
 
 
 def fit_map(guide, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_compile="auto", **kwargs) -> List[float]:
@@ -47,7 +47,7 @@ def fit_map(guide, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_c
     generator = torch.Generator(device=start.device).manual_seed(seed)
     losses = []
     for _ in range(num_steps):
-        indices = _minibatch(potential, generator, start.device)
+        indices = minibatch_indices(potential, generator, start.device)
         value, grad = potential.potential_and_grad(position.detach(), indices)
         position.grad = grad
         optimizer.step()
@@ -56,7 +56,9 @@ def fit_map(guide, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_c
     return losses
 
 
-def _minibatch(potential, generator: torch.Generator, device) -> Optional[dict]:
+def minibatch_indices(potential, generator: torch.Generator, device) -> Optional[dict]:
+    """``{plate: indices}``: a fresh minibatch of each subsampled plate of ``potential`` (without replacement
+    within it) from ``generator``; ``None`` when the model picks its own minibatch (user indices)."""
     indices = {}
     for plate in potential.subsample_plates:
         if plate.user_indices:
