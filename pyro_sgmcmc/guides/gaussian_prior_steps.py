@@ -34,7 +34,7 @@ from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 
 from ..model.potential import ModelPotential
-from .fit import minibatch_indices
+from .fit import EpochMinibatches
 from .sites import is_identity_transform, potential_permutation, site_slices, unconstrained_shapes
 
 __all__ = ["GaussianPriorSteps", "UnitNormalPriors"]
@@ -69,7 +69,8 @@ class GaussianPriorSteps:
     optim : pyro.optim.PyroOptim
         Its torch optimiser class and arguments are used on the flat point.
     seed : int
-        Seed of the minibatch generator.
+        Seed of the minibatch generator (minibatches in epochs: :class:`~pyro_sgmcmc.guides.fit.EpochMinibatches`,
+        as laplace-torch's ``DataLoader`` gives them).
     """
 
     def __init__(self, guide, args, kwargs, prior_mean: torch.Tensor, optim: pyro.optim.PyroOptim, seed: int = 0):
@@ -91,7 +92,8 @@ class GaussianPriorSteps:
         self.mean[self.perm] = prior_mean.detach().to(start.dtype)
         self.position = torch.nn.Parameter(start)
         self.optimizer = optim.pt_optim_constructor([self.position], **optim.pt_optim_args)
-        self.generator = torch.Generator(device=start.device).manual_seed(seed)
+        generator = torch.Generator(device=start.device).manual_seed(seed)
+        self.minibatches = EpochMinibatches(self.potential, generator, start.device)
 
     @staticmethod
     def applies(guide, optim) -> bool:
@@ -102,7 +104,7 @@ class GaussianPriorSteps:
 
     def step(self, precision: torch.Tensor) -> None:
         """One optimiser step on a fresh minibatch at the ``(d,)`` precisions (guide order)."""
-        indices = minibatch_indices(self.potential, self.generator, self.position.device)
+        indices = self.minibatches()
         _, grad = self.potential.potential_and_grad(self.position.detach(), indices)
         extra = torch.empty_like(grad)
         extra[self.perm] = precision.detach().to(grad.dtype) - 1

@@ -12,7 +12,11 @@ this start). ``torch.nn.Linear`` starts its weight at
 
 (``kaiming_uniform_(a=sqrt(5))``), and :func:`init_to_fan_in` does the same for every latent site
 of real support with two or more dimensions (a weight matrix ``(out, in)``: fan-in is the last
-dimension), around the prior mean.
+dimension), around the prior mean, and the other sites at their prior mean (a network's biases at
+0). The biases matter too: on the breast-cancer network of ``benchmarks/laplace_marglik_peer.py``,
+``marglik_training`` from these weights with biases drawn as Pyro's ``init_to_median`` draws them
+(the median of 15 prior draws, standard deviation about 0.3) ended 12 nats of evidence lower than
+with biases at 0 (about -73 against -61, two seeds).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Callable, Optional
 
 import torch
 from pyro.distributions import constraints
-from pyro.infer.autoguide.initialization import init_to_median
+from pyro.infer.autoguide.initialization import init_to_mean
 
 __all__ = ["init_to_fan_in"]
 
@@ -34,7 +38,7 @@ def _is_real(support) -> bool:
     return support is constraints.real
 
 
-def init_to_fan_in(site: Optional[dict] = None, *, scale: float = 1.0, fallback: Callable = init_to_median):
+def init_to_fan_in(site: Optional[dict] = None, *, scale: float = 1.0, fallback: Callable = init_to_mean):
     """Pyro init strategy: ``torch.nn.Linear``'s default scale for weight matrices, ``fallback`` elsewhere.
 
     A latent site of real support whose value has two or more dimensions, the last of size
@@ -47,7 +51,8 @@ def init_to_fan_in(site: Optional[dict] = None, *, scale: float = 1.0, fallback:
     draw :math:`u` is exactly ``torch.nn.Linear(fan_in, out).weight`` drawn from the same
     generator state (``kaiming_uniform_(a=sqrt(5))``, a ``uniform_(-b, b)`` of the weight's
     shape). Every other site (a bias, a scalar, a constrained site) gets ``fallback(site)``
-    (Pyro's ``init_to_median`` by default). Like Pyro's strategies it draws from torch's global
+    (Pyro's ``init_to_mean`` by default: the prior mean, the median where the mean is undefined;
+    so a network's biases start at 0). Like Pyro's strategies it draws from torch's global
     generator (``pyro.set_rng_seed``).
 
     Parameters

@@ -87,7 +87,8 @@ class AutoLaplace(AutoLaplaceApproximation):
         Pyro init strategy for the MAP point. The default,
         :func:`~pyro_sgmcmc.guides.initialization.init_to_fan_in`, starts weight matrices as
         ``torch.nn.Linear`` does (uniform within :math:`\\pm 1/\\sqrt{\\text{fan-in}}`) and other sites
-        at Pyro's ``init_to_median``; a draw of the prior (``init_to_sample``) saturates a network.
+        at their prior mean (Pyro's ``init_to_mean``: biases at 0); a draw of the prior
+        (``init_to_sample``) saturates a network.
     map_values : dict or torch.nn.Module, optional
         A MAP you already have, ``{site: constrained value}`` for every latent site, or a trained
         ``nn.Module`` whose parameter names are the site names (see
@@ -387,8 +388,9 @@ class AutoLaplace(AutoLaplaceApproximation):
         Returns
         -------
         LaplaceApproximation
-            At the final point, with the tuned prior precision (also left in
-            ``self.prior_precision``, so a later :meth:`laplace_approximation` uses it).
+            At the final point (the best one with ``keep_best``), with the tuned prior precision
+            (also left in ``self.prior_precision``, so a later :meth:`laplace_approximation` uses
+            it); ``self.evidence_history`` lists the evidence after each evidence step.
         """
         from .marglik import marglik_training
 

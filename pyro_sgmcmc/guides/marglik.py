@@ -85,8 +85,9 @@ def marglik_training(
     """Train the MAP of ``guide`` (an :class:`~pyro_sgmcmc.guides.AutoLaplace`) and its prior precision.
 
     See :meth:`pyro_sgmcmc.guides.AutoLaplace.marglik_training` for the parameters. Returns the
-    :class:`~pyro_sgmcmc.guides.LaplaceApproximation` at the final point with the tuned
-    precision, and leaves ``guide.prior_precision`` set to it.
+    :class:`~pyro_sgmcmc.guides.LaplaceApproximation` at the final (or best) point with the tuned
+    precision, and leaves ``guide.prior_precision`` set to it and ``guide.evidence_history`` the
+    log evidence (float64) after each evidence step, as laplace-torch's ``margliks``.
     """
     num_steps = check_positive_int(num_steps, "num_steps")
     hyper_every = check_positive_int(hyper_every, "hyper_every")
@@ -121,6 +122,7 @@ def marglik_training(
         steps = pyro.infer.SVI(guide.model, guide, optim, loss=loss)
     precision = log_precision.detach().exp()[groups]
     best = None  # (evidence, point, log precision) after the best evidence step
+    history = []  # the evidence after each evidence step
     reuse: dict = {}  # the potential and prior terms of the evidence steps' approximations, built once
     for step in range(1, num_steps + 1):
         if isinstance(steps, GaussianPriorSteps):
@@ -139,6 +141,7 @@ def marglik_training(
             precision = log_precision.detach().exp()[groups]
             with torch.no_grad():
                 evidence = float(laplace.log_evidence(precision))
+            history.append(evidence)
             if keep_best and (best is None or evidence > best[0]):
                 best = (evidence, guide.loc.detach().clone(), log_precision.detach().clone())
     if isinstance(steps, GaussianPriorSteps):
@@ -149,6 +152,7 @@ def marglik_training(
             log_precision.copy_(best[2])
     tuned = _as_dict(log_precision.detach().exp().to(guide.loc.dtype), laplace, mode)
     guide.prior_precision = tuned
+    guide.evidence_history = history
     return guide.laplace_approximation(*args, **kwargs)
 
 
