@@ -70,10 +70,11 @@ def init_to_fan_in(site: Optional[dict] = None, *, scale: float = 1.0, fallback:
     >>> from pyro_sgmcmc.guides import AutoLaplace, init_to_fan_in
     >>> def model():
     ...     pyro.sample("weight", dist.Normal(0.0, 1.0).expand([3, 100]).to_event(2))
-    >>> _ = pyro.set_rng_seed(0)
+    >>> pyro.clear_param_store(); _ = pyro.set_rng_seed(0)
     >>> guide = AutoLaplace(model, init_loc_fn=init_to_fan_in)
     >>> bool(guide()["weight"].abs().max() <= 0.1)
     True
+    >>> pyro.clear_param_store()  # the guide's loc is in the parameter store: leave it empty for the next guide
     """
     if site is None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
