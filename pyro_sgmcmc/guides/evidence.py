@@ -41,9 +41,11 @@ import torch
 
 __all__ = [
     "EVIDENCES",
+    "ConvergenceWarning",
     "GaussianNoise",
     "check_evidence",
     "check_bounds",
+    "diagonal_evidence_optimum",
     "gaussian_log_likelihood",
     "gaussian_noise",
     "maximise_log_evidence",
@@ -52,6 +54,14 @@ __all__ = [
 
 #: The accepted values of ``evidence=``.
 EVIDENCES = ("standard", "refit")
+
+#: The largest :math:`|\\partial \\log p(y\\mid\\lambda) / \\partial \\log\\lambda_i|` (nats) at which an
+#: evidence maximisation that used all its ``max_iter`` iterations still counts as converged.
+CONVERGED_GRADIENT = 1e-4
+
+
+class ConvergenceWarning(RuntimeWarning):
+    """Warned when an evidence maximisation stops at ``max_iter`` before its gradient vanished."""
 
 
 def check_evidence(value) -> str:
@@ -93,6 +103,30 @@ def standard_log_evidence(
     return log_likelihood - 0.5 * scatter + 0.5 * precision.log().sum() - 0.5 * logdet_posterior
 
 
+def diagonal_evidence_optimum(curvature: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """The maximiser of the standard evidence with a diagonal curvature and one precision per coordinate.
+
+    The evidence then separates into :math:`\\sum_i f_i(\\lambda_i)`,
+    :math:`f_i = -\\frac12 \\lambda_i o_i^2 + \\frac12\\log\\lambda_i - \\frac12\\log(h_i + \\lambda_i)`, whose
+    derivative vanishes where :math:`o_i^2\\lambda_i^2 + o_i^2 h_i \\lambda_i - h_i = 0`:
+
+    .. math:: \\lambda_i = \\frac{2 h_i}{o_i^2 h_i + \\sqrt{o_i^4 h_i^2 + 4 o_i^2 h_i}}
+
+    (MacKay's fixed point, in the form without cancellation): :math:`+\\infty` where :math:`o_i = 0 < h_i`,
+    0 where :math:`h_i = 0 < |o_i|`, NaN where both vanish (the evidence is flat in :math:`\\lambda_i`).
+
+    Parameters
+    ----------
+    curvature : Tensor ``(d,)``
+        :math:`h \\ge 0`, the likelihood curvature (times the noise factor in use).
+    offset : Tensor ``(d,)``
+        :math:`o = \\theta_* - m`.
+    """
+    h, squared = curvature.clamp(min=0), offset**2
+    optimum = 2 * h / (squared * h + (squared**2 * h**2 + 4 * squared * h).sqrt())
+    return torch.where((h == 0) & (squared > 0), torch.zeros_like(optimum), optimum)
+
+
 def maximise_log_evidence(
     objective: Callable[[torch.Tensor], torch.Tensor],
     start: torch.Tensor,
@@ -103,7 +137,10 @@ def maximise_log_evidence(
     """Maximise ``objective(precision)`` over ``log(precision)`` in ``[log low, log high]`` with L-BFGS.
 
     The objective is evaluated at the clamped point, so outside the box its gradient is zero and
-    L-BFGS stops there; the result is clamped. A coordinate that ends within 1e-3 (relative) of
+    L-BFGS stops there; the result is clamped. When L-BFGS used all ``max_iter`` iterations and
+    the gradient in :math:`\\log\\lambda` at the result still exceeds :data:`CONVERGED_GRADIENT` in
+    some coordinate, a :class:`ConvergenceWarning` says so (the evidence is concave there, so more
+    iterations reach a higher value). A coordinate that ends within 1e-3 (relative) of
     a bound gets a ``UserWarning``: the evidence still rises beyond the box, so the bound, not the
     data, chose that precision.
 
@@ -139,6 +176,18 @@ def maximise_log_evidence(
 
     with torch.enable_grad():
         optimizer.step(closure)
+        state = optimizer.state[x]
+        if state["n_iter"] >= max_iter or state["func_evals"] >= optimizer.defaults["max_eval"]:
+            closure()  # out of iterations: is the gradient at the result still large?
+            gradient = x.grad.detach().abs().max().item()
+            if gradient > CONVERGED_GRADIENT:
+                warnings.warn(
+                    f"the evidence maximisation stopped at max_iter={max_iter} L-BFGS iterations before converging "
+                    f"(largest |d log evidence / d log precision| = {gradient:.2g} > {CONVERGED_GRADIENT:g}): the "
+                    "precisions are short of the optimum. Raise max_iter",
+                    ConvergenceWarning,
+                    stacklevel=3,
+                )
     result = x.detach().clamp(low, high)
     at_bound = ((result - low).abs() < 1e-3) | ((result - high).abs() < 1e-3)
     if at_bound.any():

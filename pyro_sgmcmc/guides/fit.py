@@ -21,7 +21,7 @@ from ..model.potential import ModelPotential
 from ._checks import check_positive_int
 from .sites import potential_permutation, unconstrained_shapes
 
-__all__ = ["fit_map"]
+__all__ = ["EpochMinibatches", "fit_map", "minibatch_indices"]
 
 
 def fit_map(guide, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_compile="auto", **kwargs) -> List[float]:
@@ -47,7 +47,7 @@ def fit_map(guide, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_c
     generator = torch.Generator(device=start.device).manual_seed(seed)
     losses = []
     for _ in range(num_steps):
-        indices = _minibatch(potential, generator, start.device)
+        indices = minibatch_indices(potential, generator, start.device)
         value, grad = potential.potential_and_grad(position.detach(), indices)
         position.grad = grad
         optimizer.step()
@@ -56,10 +56,40 @@ def fit_map(guide, *args, num_steps: int, lr: float = 1e-2, seed: int = 0, jit_c
     return losses
 
 
-def _minibatch(potential, generator: torch.Generator, device) -> Optional[dict]:
+def minibatch_indices(potential, generator: torch.Generator, device) -> Optional[dict]:
+    """``{plate: indices}``: a fresh minibatch of each subsampled plate of ``potential`` (without replacement
+    within it) from ``generator``; ``None`` when the model picks its own minibatch (user indices)."""
     indices = {}
     for plate in potential.subsample_plates:
         if plate.user_indices:
             return None  # the model picks its own minibatch
         indices[plate.name] = torch.randperm(plate.size, generator=generator, device=device)[: plate.subsample_size]
     return indices
+
+
+class EpochMinibatches:
+    """Minibatches in epochs, as a shuffled ``DataLoader(drop_last=True)`` gives them.
+
+    Each call returns ``{plate: indices}``, the next ``subsample_size`` indices of one random
+    permutation of each subsampled plate, so that every example is seen once per epoch; a new
+    permutation is drawn when fewer than ``subsample_size`` indices are left (the remainder of an
+    epoch is dropped: a plate's minibatch has a fixed size). ``None`` when the model picks its own
+    minibatch.
+    """
+
+    def __init__(self, potential, generator: torch.Generator, device) -> None:
+        self.plates = potential.subsample_plates
+        self.generator = generator
+        self.device = device
+        self.orders = {plate.name: torch.empty(0, dtype=torch.long) for plate in self.plates}
+
+    def __call__(self) -> Optional[dict]:
+        indices = {}
+        for plate in self.plates:
+            if plate.user_indices:
+                return None
+            order = self.orders[plate.name]
+            if len(order) < plate.subsample_size:
+                order = torch.randperm(plate.size, generator=self.generator, device=self.device)
+            indices[plate.name], self.orders[plate.name] = order[: plate.subsample_size], order[plate.subsample_size :]
+        return indices

@@ -25,7 +25,6 @@ import pyro.distributions as dist  # noqa: F401
 import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide import AutoLaplaceApproximation
-from pyro.infer.autoguide.initialization import init_to_median
 from pyro.poutine.util import site_is_subsample
 
 from ..model.argument_types import naming_non_tensor_data
@@ -34,7 +33,9 @@ from ._checks import NOT_GIVEN, check_bool, check_callable, check_positive_int, 
 from .approximation import LaplaceApproximation
 from .curvature import MAX_FULL_DIM, Curvature, likelihood_curvature, prior_terms
 from .evidence import gaussian_noise
+from .initialization import init_to_fan_in
 from .laplace_evidence import PriorPrecision
+from .map_point import MapValues, as_map_values, check_map_values, init_to_map_values, unconstrained_map
 from .sites import potential_permutation, site_slices, unconstrained_shapes
 from .subset import check_subset, fix_sites, subset_names
 
@@ -83,7 +84,16 @@ class AutoLaplace(AutoLaplaceApproximation):
         pass per label and example instead of one per class, an unbiased estimate of the diagonal.
         (Formerly ``mc_fisher``: that spelling still works for one release, with a ``FutureWarning``.)
     init_loc_fn : callable
-        Pyro init strategy for the MAP point (``init_to_sample`` breaks the symmetry of a network).
+        Pyro init strategy for the MAP point. The default,
+        :func:`~pyro_sgmcmc.guides.initialization.init_to_fan_in`, starts weight matrices as
+        ``torch.nn.Linear`` does (uniform within :math:`\\pm 1/\\sqrt{\\text{fan-in}}`) and other sites
+        at their prior mean (Pyro's ``init_to_mean``: biases at 0); a draw of the prior
+        (``init_to_sample``) saturates a network.
+    map_values : dict or torch.nn.Module, optional
+        A MAP you already have, ``{site: constrained value}`` for every latent site, or a trained
+        ``nn.Module`` whose parameter names are the site names (see
+        :mod:`~pyro_sgmcmc.guides.map_point`): the guide starts exactly there, so
+        :meth:`laplace_approximation` needs no fit (any ``subset_of_weights``). Not with ``init_loc_fn``.
     disable_progbar : bool
         Hide the progress bar of the curvature sweep.
     subset_of_weights : "all", "last_layer" or list of str
@@ -122,14 +132,20 @@ class AutoLaplace(AutoLaplaceApproximation):
         prior_precision: Optional[PriorPrecision] = None,
         num_mc_samples: int = 1,
         monte_carlo_fisher: bool = False,
-        init_loc_fn=init_to_median,
+        init_loc_fn=init_to_fan_in,
         disable_progbar: bool = False,
         subset_of_weights: Union[str, Sequence[str]] = "all",
+        map_values: Optional[MapValues] = None,
         mc_fisher=NOT_GIVEN,
     ) -> None:
         check_callable(model, "model")
         self.subset_of_weights = check_subset(subset_of_weights)
         check_callable(init_loc_fn, "init_loc_fn")
+        self.map_values = None if map_values is None else as_map_values(map_values)
+        if self.map_values is not None:
+            if init_loc_fn is not init_to_fan_in:
+                raise ValueError("give map_values (the MAP itself) or init_loc_fn (a start for a fit), not both")
+            init_loc_fn = init_to_map_values(self.map_values)
         self.curvature = Curvature.parse(curvature)
         monte_carlo_fisher, name = renamed_argument("mc_fisher", mc_fisher, "monte_carlo_fisher", monte_carlo_fisher)
         self.monte_carlo_fisher = check_bool(monte_carlo_fisher, name)
@@ -158,12 +174,21 @@ class AutoLaplace(AutoLaplaceApproximation):
 
     def forward(self, *args, **kwargs) -> Dict[str, torch.Tensor]:
         """The MAP point's sites (Pyro's ``AutoLaplaceApproximation``); the first call checks the model first."""
-        if self.prototype_trace is None:  # the first call: Pyro's forward sets the guide up from the model
-            self._check_latent_sites(args, kwargs)
-        return super().forward(*args, **kwargs)
+        if self.prototype_trace is not None:
+            return super().forward(*args, **kwargs)
+        trace = self._check_latent_sites(args, kwargs)  # the first call: Pyro's forward sets the guide up
+        if self.map_values is not None:
+            check_map_values(trace, self.map_values)
+        result = super().forward(*args, **kwargs)
+        if self.map_values is not None:  # exactly there, whatever the param store held under this guide's name
+            with torch.no_grad():
+                self.loc.copy_(unconstrained_map(self.prototype_trace, self.map_values))
+            result = self.median()
+        return result
 
-    def _check_latent_sites(self, args: tuple, kwargs: dict) -> None:
-        """A clear error for discrete latent sites, latent sites inside a subsampled plate, and non-tensor data."""
+    def _check_latent_sites(self, args: tuple, kwargs: dict):
+        """A clear error for discrete latent sites, latent sites inside a subsampled plate, and non-tensor data;
+        returns the model's trace."""
 
         def run(args, kwargs):
             with poutine.block():
@@ -189,6 +214,7 @@ class AutoLaplace(AutoLaplaceApproximation):
                 f"latent sites {local} are inside a subsampled plate; a Laplace approximation over all latent "
                 "sites needs them global (move them out of the plate or drop subsample_size)"
             )
+        return trace
 
     def _loc_scale(self, *args, **kwargs):
         """The MAP point and a zero scale: :meth:`median` gives the MAP in constrained space."""
@@ -198,7 +224,8 @@ class AutoLaplace(AutoLaplaceApproximation):
         """Sweep the full data once and return the Gaussian guide :math:`\\mathcal N(\\theta_*, \\Lambda^{-1})`.
 
         Call it with the model's arguments (the full data: subsampled plates are walked in
-        minibatches of their own ``subsample_size``) after fitting the MAP with SVI.
+        minibatches of their own ``subsample_size``) after fitting the MAP with SVI or
+        :meth:`fit_map`, or at once for a guide given ``map_values`` (no fit).
 
         Returns
         -------
@@ -210,10 +237,19 @@ class AutoLaplace(AutoLaplaceApproximation):
             Before any fit (the guide was never run), for a dense curvature with more than
             ``MAX_FULL_DIM`` latent dimensions, or when the precision is not positive definite.
         """
+        return self.approximation_at_loc(args, kwargs)
+
+    def approximation_at_loc(self, args: tuple, kwargs: dict, reuse: Optional[dict] = None) -> "LaplaceApproximation":
+        """:meth:`laplace_approximation` with the model's arguments as a tuple and a dict; with ``reuse``
+        (an empty dict the first time, then the same one; ``marglik_training``) the potential and the prior
+        terms of the first call are kept and only the likelihood curvature is recomputed at ``loc`` (the
+        prior terms are then those of the first point: right for a Gaussian prior in ``prior_precision``)."""
+        if self.prototype_trace is None and self.map_values is not None:
+            self(*args, **kwargs)  # set up at the given MAP
         if self.prototype_trace is None:
             raise ValueError(
-                "laplace_approximation() needs a fitted MAP: run SVI(model, guide, ...).step(...) "
-                "(or call the guide once) before asking for the Laplace approximation"
+                "laplace_approximation() needs a fitted MAP: run SVI(model, guide, ...).step(...) or "
+                "guide.fit_map(...), or give the MAP you have as AutoLaplace(..., map_values=...)"
             )
         if self.curvature.is_dense and self.latent_dim > MAX_FULL_DIM:
             raise ValueError(
@@ -230,17 +266,26 @@ class AutoLaplace(AutoLaplaceApproximation):
                 f"the MAP point is not finite at sites {bad}: the SVI fit diverged (lower the learning rate, or "
                 "check the model's likelihood); there is no Laplace approximation around a non-finite point"
             )
-        names, fixed = self._split_sites(args, kwargs)
+        if not reuse:
+            names, fixed = self._split_sites(args, kwargs)
+            potential = ModelPotential(fix_sites(self.raw_model, fixed), args, kwargs)
+            perm = potential_permutation(names, shapes, potential)
+        else:
+            names, fixed, potential, perm = reuse["names"], reuse["fixed"], reuse["potential"], reuse["perm"]
         loc = torch.cat([loc[slices[name]] for name in names])
-        potential = ModelPotential(fix_sites(self.raw_model, fixed), args, kwargs)
-        perm = potential_permutation(names, shapes, potential)
         position = torch.empty_like(loc)
         position[perm] = loc  # guide order -> potential (sorted-name) order
         likelihood = likelihood_curvature(
             potential, position, self.curvature, num_mc_samples=self.num_mc_samples,
             monte_carlo_fisher=self.monte_carlo_fisher, disable_progbar=self.disable_progbar,
         )  # fmt: skip
-        prior = prior_terms(potential, position, full=self.curvature.is_dense)
+        if not reuse:
+            prior = prior_terms(potential, position, full=self.curvature.is_dense)
+            noise = gaussian_noise(potential, position)
+            if reuse is not None:
+                reuse.update(names=names, fixed=fixed, potential=potential, perm=perm, prior=prior, noise=noise)
+        else:
+            prior, noise = reuse["prior"], reuse["noise"]
 
         def to_guide(tensor):
             return tensor[perm][:, perm] if tensor.dim() == 2 else tensor[perm]
@@ -267,7 +312,7 @@ class AutoLaplace(AutoLaplaceApproximation):
             init_loc_fn=self._init_loc_fn,
             kron_factors=likelihood.kron_factors,
             fixed=fixed,
-            noise=gaussian_noise(potential, position),
+            noise=noise,
             prior_precision=precision,
         )
 
@@ -318,8 +363,9 @@ class AutoLaplace(AutoLaplaceApproximation):
         the prior :math:`\\mathcal N(m, \\lambda^{-1})` in unconstrained space; after ``burnin``
         steps, every ``hyper_every`` steps, a Laplace approximation is built at the current point
         and ``hyper_steps`` Adam steps (learning rate ``hyper_lr``) on :math:`\\log\\lambda` raise
-        its standard evidence. See :mod:`pyro_sgmcmc.guides.marglik`. Call it with the model's
-        arguments, like ``svi.step``.
+        its standard evidence; laplace-torch's defaults are one evidence step per epoch
+        (``hyper_every`` = steps per epoch) and the MAP optimiser ``Adam({"lr": 1e-3})``. See
+        :mod:`pyro_sgmcmc.guides.marglik`. Call it with the model's arguments, like ``svi.step``.
 
         Parameters
         ----------
@@ -335,12 +381,16 @@ class AutoLaplace(AutoLaplaceApproximation):
             The starting precision.
         hyper_every, hyper_steps, hyper_lr, burnin : int, int, float, int
             The evidence-step schedule.
+        keep_best : bool
+            Return the point and precision of the best evidence seen after an evidence step (as
+            laplace-torch does) instead of the last ones.
 
         Returns
         -------
         LaplaceApproximation
-            At the final point, with the tuned prior precision (also left in
-            ``self.prior_precision``, so a later :meth:`laplace_approximation` uses it).
+            At the final point (the best one with ``keep_best``), with the tuned prior precision
+            (also left in ``self.prior_precision``, so a later :meth:`laplace_approximation` uses
+            it); ``self.evidence_history`` lists the evidence after each evidence step.
         """
         from .marglik import marglik_training
 

@@ -19,10 +19,12 @@ from ._checks import check_bool, check_positive_int, check_precision
 from .evidence import (
     check_bounds,
     check_evidence,
+    diagonal_evidence_optimum,
     gaussian_log_likelihood,
     maximise_log_evidence,
     standard_log_evidence,
 )
+from .precision import DiagPrecision
 
 __all__ = ["EvidenceMixin", "PriorPrecision"]
 
@@ -205,7 +207,11 @@ class EvidenceMixin:
         init : float or dict, optional
             Starting point; by default the mean prior curvature of each group (1 if not positive).
         max_iter : int
-            Maximum L-BFGS iterations.
+            Maximum L-BFGS iterations; stopping there short of the optimum warns
+            (:class:`~pyro_sgmcmc.guides.evidence.ConvergenceWarning`). For a diagonal curvature
+            with ``mode="parameter"`` (and the standard evidence, noise fixed) the optimum has a
+            closed form (:func:`~pyro_sgmcmc.guides.evidence.diagonal_evidence_optimum`): L-BFGS
+            starts there and stops at once.
         evidence : {"standard", "refit"}
             See :meth:`log_marginal_likelihood`; ``"refit"`` only for (nearly) linear-Gaussian models.
         bounds : (float, float)
@@ -236,6 +242,12 @@ class EvidenceMixin:
         start = start / torch.bincount(groups, minlength=num_groups).to(torch.float64)
         if init is None:
             start = torch.where(torch.isfinite(start) & (start > 0), start, torch.ones_like(start))
+        separable = mode == "parameter" and evidence == "standard" and not tune_sigma_noise
+        if init is None and separable and isinstance(self.likelihood_precision, DiagPrecision):  # closed form
+            f64 = torch.float64
+            curvature = self.likelihood_curvature.to(f64) * self.likelihood_scale()
+            optimum = diagonal_evidence_optimum(curvature, (self.loc - self.prior_mean).to(f64))
+            start = torch.where(torch.isnan(optimum), start, optimum)
         if tune_sigma_noise:  # the last coordinate is the noise precision 1 / sigma^2
             sigma = self._sigma_noise if self._sigma_noise is not None else self._noise.scale
             start = torch.cat([start, torch.as_tensor([float(sigma) ** -2], dtype=torch.float64)])

@@ -9,13 +9,18 @@ unconstrained space),
     \\frac{N}{B}\\sum_{n \\in \\mathcal B} \\log p(y_n \\mid \\theta)
     - \\tfrac12 (\\theta - m)^\\top \\mathrm{diag}(\\lambda)(\\theta - m),
 
-alternate every ``hyper_every`` steps with ``hyper_steps`` Adam steps on :math:`\\log\\lambda` that
+(through the compiled potential of :mod:`~pyro_sgmcmc.guides.gaussian_prior_steps` when every
+latent site has real support, else ``SVI`` with :func:`gaussian_prior_loss`), alternate every
+``hyper_every`` steps with ``hyper_steps`` Adam steps on :math:`\\log\\lambda` that
 raise the standard Laplace evidence (:mod:`pyro_sgmcmc.guides.evidence`) of a Laplace
 approximation built at the current :math:`\\theta` (one curvature sweep over the data each time).
-At a fixed point :math:`\\theta` is the MAP of the prior :math:`\\lambda` and :math:`\\lambda`
-maximises the evidence at that MAP; for a model whose log-likelihood is quadratic (Bayesian
-linear regression) that is the maximiser of the exact evidence (type-II maximum likelihood),
-because the evidence's derivative through :math:`\\theta` vanishes at the MAP.
+As in laplace-torch (Immer et al.'s algorithm 1), the run keeps the point and precision whose
+evidence was highest after an evidence step (``keep_best=True``) and returns the approximation
+there: with a constant learning rate the MAP steps keep moving :math:`\\theta` about the optimum,
+and the last point is a random one of them. At a fixed point :math:`\\theta` is the MAP of the
+prior :math:`\\lambda` and :math:`\\lambda` maximises the evidence at that MAP; for a model whose
+log-likelihood is quadratic (Bayesian linear regression) that is the maximiser of the exact
+evidence (type-II maximum likelihood), because the evidence's derivative through :math:`\\theta` vanishes at the MAP.
 
 Reference: A. Immer, M. Bauer, V. Fortuin, G. Rätsch, M. E. Khan, "Scalable marginal likelihood
 estimation for model selection in deep learning", ICML 2021.
@@ -31,7 +36,8 @@ import torch
 from pyro.distributions.util import is_identically_zero
 from pyro.poutine.util import site_is_subsample
 
-from ._checks import check_positive_int, check_precision
+from ._checks import check_bool, check_positive_int, check_precision
+from .gaussian_prior_steps import GaussianPriorSteps
 
 __all__ = ["marglik_training", "gaussian_prior_loss"]
 
@@ -73,18 +79,21 @@ def marglik_training(
     hyper_steps: int = 10,
     hyper_lr: float = 0.1,
     burnin: int = 0,
+    keep_best: bool = True,
     **kwargs,
 ):
     """Train the MAP of ``guide`` (an :class:`~pyro_sgmcmc.guides.AutoLaplace`) and its prior precision.
 
     See :meth:`pyro_sgmcmc.guides.AutoLaplace.marglik_training` for the parameters. Returns the
-    :class:`~pyro_sgmcmc.guides.LaplaceApproximation` at the final point with the tuned
-    precision, and leaves ``guide.prior_precision`` set to it.
+    :class:`~pyro_sgmcmc.guides.LaplaceApproximation` at the final (or best) point with the tuned
+    precision, and leaves ``guide.prior_precision`` set to it and ``guide.evidence_history`` the
+    log evidence (float64) after each evidence step, as laplace-torch's ``margliks``.
     """
     num_steps = check_positive_int(num_steps, "num_steps")
     hyper_every = check_positive_int(hyper_every, "hyper_every")
     hyper_steps = check_positive_int(hyper_steps, "hyper_steps")
     burnin = check_positive_int(burnin, "burnin", low=0)
+    keep_best = check_bool(keep_best, "keep_best")
     check_precision(prior_precision, "prior_precision")
     if isinstance(hyper_lr, bool) or not isinstance(hyper_lr, (int, float)) or not hyper_lr > 0:
         raise ValueError(f"hyper_lr must be a positive number; got {hyper_lr!r}")
@@ -106,19 +115,44 @@ def marglik_training(
     dtype = torch.float64
     log_precision = torch.full((len(labels),), float(prior_precision), dtype=dtype).log().requires_grad_(True)
     hyper_optimizer = torch.optim.Adam([log_precision], lr=hyper_lr)
-    loss = gaussian_prior_loss(prior_mean, lambda: log_precision.detach().exp()[groups])
-    svi = pyro.infer.SVI(guide.model, guide, optim, loss=loss)
+    if GaussianPriorSteps.applies(guide, optim):  # the compiled potential; its minibatches seeded from torch's RNG
+        steps = GaussianPriorSteps(guide, args, kwargs, prior_mean, optim, seed=int(torch.randint(2**62, ())))
+    else:
+        loss = gaussian_prior_loss(prior_mean, lambda: log_precision.detach().exp()[groups])
+        steps = pyro.infer.SVI(guide.model, guide, optim, loss=loss)
+    precision = log_precision.detach().exp()[groups]
+    best = None  # (evidence, point, log precision) after the best evidence step
+    history = []  # the evidence after each evidence step
+    reuse: dict = {}  # the potential and prior terms of the evidence steps' approximations, built once
     for step in range(1, num_steps + 1):
-        svi.step(*args, **kwargs)
+        if isinstance(steps, GaussianPriorSteps):
+            steps.step(precision)
+        else:
+            steps.step(*args, **kwargs)
         if step > burnin and step % hyper_every == 0:
-            laplace = guide.laplace_approximation(*args, **kwargs)
+            if isinstance(steps, GaussianPriorSteps):
+                steps.write_back(guide)
+            laplace = guide.approximation_at_loc(args, kwargs, reuse)
             for _ in range(hyper_steps):
                 hyper_optimizer.zero_grad()
                 with torch.enable_grad():
                     (-laplace.log_evidence(log_precision.exp()[groups])).backward()
                 hyper_optimizer.step()
+            precision = log_precision.detach().exp()[groups]
+            with torch.no_grad():
+                evidence = float(laplace.log_evidence(precision))
+            history.append(evidence)
+            if keep_best and (best is None or evidence > best[0]):
+                best = (evidence, guide.loc.detach().clone(), log_precision.detach().clone())
+    if isinstance(steps, GaussianPriorSteps):
+        steps.write_back(guide)
+    if best is not None:
+        with torch.no_grad():
+            guide.loc.copy_(best[1])
+            log_precision.copy_(best[2])
     tuned = _as_dict(log_precision.detach().exp().to(guide.loc.dtype), laplace, mode)
     guide.prior_precision = tuned
+    guide.evidence_history = history
     return guide.laplace_approximation(*args, **kwargs)
 
 

@@ -18,6 +18,7 @@ import pyro.distributions as dist
 import pytest
 import scipy.optimize
 import torch
+from pyro.nn import PyroModule
 
 from pyro_sgmcmc.guides import AutoLaplace, LaplaceApproximation
 
@@ -130,3 +131,58 @@ def test_marglik_training_per_parameter_is_the_coordinatewise_type_two_optimum(f
     design = torch.cat([torch.ones(N, 1), x], dim=1)
     mean = torch.linalg.solve(design.T @ design / SIGMA**2 + torch.diag(lam), design.T @ y / SIGMA**2)
     assert (laplace.loc - mean).abs().max() / mean.abs().max() < 1e-5
+
+
+def test_the_compiled_steps_follow_the_svi_steps(float64):
+    """Full-batch steps are deterministic, so the compiled-potential route (a dict of optimiser
+    arguments) and the SVI route (per-parameter arguments, a callable) take the same steps: the
+    tuned precision and the point agree to float64 rounding (1e-10 relative after 200 steps)."""
+    x, y = _data()
+    results = []
+    for optim in (pyro.optim.Adam({"lr": 0.1}), pyro.optim.Adam(lambda module, name: {"lr": 0.1})):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        guide = AutoLaplace(model, curvature="full", disable_progbar=True)
+        laplace = guide.marglik_training(x, y, num_steps=200, optim=optim, mode="site", hyper_every=10)
+        results.append((laplace.loc, torch.stack([v for v in laplace.prior_precision.values()])))
+    (loc_fast, lam_fast), (loc_svi, lam_svi) = results
+    assert torch.allclose(loc_fast, loc_svi, rtol=1e-10, atol=0), (loc_fast, loc_svi)
+    assert torch.allclose(lam_fast, lam_svi, rtol=1e-10, atol=0), (lam_fast, lam_svi)
+
+
+def test_keep_best_returns_the_best_evidence_of_the_run(float64):
+    """``keep_best`` does not change the run (same seed, same steps: the same evidence history), only
+    which point is returned: the approximation's evidence is the history's maximum with it and the last
+    entry without it (both rebuilt at the kept point and precision: equal to 1e-9 relative)."""
+    from tests.guides.test_evidence import _classification
+
+    x, y = _classification(n=60)
+    evidences = {}
+    for keep_best in (True, False):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        guide = AutoLaplace(SubsampledMlp(), curvature="kron", disable_progbar=True)
+        laplace = guide.marglik_training(
+            x, y, num_steps=200, optim=pyro.optim.Adam({"lr": 0.1}), hyper_every=10, keep_best=keep_best
+        )
+        evidences[keep_best] = (laplace.log_marginal_likelihood().item(), guide.evidence_history)
+    (best, history), (last, same_history) = evidences[True], evidences[False]
+    assert history == same_history and len(history) == 20
+    assert best == pytest.approx(max(history), rel=1e-9) and last == pytest.approx(history[-1], rel=1e-9)
+    assert history.index(max(history)) < len(history) - 1  # this run's best (17th of 20) is not its last
+
+
+class SubsampledMlp(PyroModule):
+    """The tanh network of test_evidence with minibatches of 20 (noisy steps)."""
+
+    def __init__(self):
+        from tests.guides.test_evidence import Mlp
+
+        super().__init__()
+        self.net = Mlp()
+
+    def forward(self, x, y):
+        plate = pyro.plate("data", len(x), subsample_size=20)
+        logits = self.net.logits(x[plate.indices])
+        with plate:
+            pyro.sample("y", dist.Categorical(logits=logits), obs=y[plate.indices])
