@@ -215,7 +215,7 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
 def laplace_probabilities(model, parameters, curvature, train: Batches, evaluate: dict, args) -> tuple:
     """Fit ``ModuleLaplace`` on the training batches, tune its prior precision, return probit probabilities."""
-    options = {"kron_rank": args.kron_rank, "kfac": "reduce", "position_mask": "attention_mask"}
+    options = {"kron_rank": args.kron_rank or None, "kfac": args.kfac, "position_mask": "attention_mask"}
     laplace = ModuleLaplace(model, parameters, curvature=curvature, **(options if curvature == "kron" else {}))
     started = time.perf_counter()
     laplace.fit(train)
@@ -429,7 +429,10 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size everywhere (default 32)")
     parser.add_argument("--max-length", type=int, default=16, help="tokens per entry at most (default 16)")
-    parser.add_argument("--kron-rank", type=int, default=32, help="eigenpairs kept per large Kronecker factor")
+    parser.add_argument("--kron-rank", type=int, default=32,
+                        help="eigenpairs kept per large Kronecker factor (default 32; 0 keeps all)")  # fmt: skip
+    parser.add_argument("--kfac", choices=("reduce", "expand"), default="reduce",
+                        help="how the tokens of an entry enter the Kronecker factors (default reduce)")  # fmt: skip
     parser.add_argument("--prior-mode", choices=("scalar", "parameter"), default="scalar",
                         help="one prior precision, or one per parameter tensor (default scalar)")  # fmt: skip
     parser.add_argument("--members", type=int, default=3, help="deep ensemble members, the MAP included")
@@ -442,8 +445,8 @@ def parse_args(argv=None):
     if args.tiny:
         args.train, args.validation, args.test, args.shift, args.ood = 64, 32, 48, 32, 48
         args.epochs, args.members, args.seeds, args.kron_rank = 1, 2, 2, 4
-    if args.members < 2 or args.seeds < 1:
-        parser.error("--members must be at least 2 and --seeds at least 1")
+    if args.members < 2 or args.seeds < 1 or args.kron_rank < 0:
+        parser.error("--members must be at least 2, --seeds at least 1 and --kron-rank at least 0")
     return args
 
 
