@@ -130,7 +130,7 @@ def test_html_builds_without_warnings(builds):
              "benchmarks_vectorized", "tutorials/index", "tutorials/sgmcmc", "tutorials/chains", "laplace", "vi",
              "tutorials/uncertainty", "gallery/index", "gallery/cold_posterior", "gallery/continual_learning",
              "gallery/ood_detection", "gallery/double_well", "gallery/cyclical_mixture",
-             "gallery/cyclical_digits"]  # fmt: skip
+             "gallery/cyclical_digits", "gallery/lora_sentiment"]  # fmt: skip
     for page in pages:
         assert (out / f"{page}.html").exists(), page
     index = (out / "index.html").read_text(encoding="utf-8")
@@ -213,7 +213,7 @@ def test_quickstart_and_tutorials_are_executed_at_build_time(builds):
 def test_gallery_shows_every_example_figure(builds):
     _, _, out = builds["html"]
     gallery = (out / "gallery" / "index.html").read_text(encoding="utf-8")
-    for name in ["cold_posterior", "continual_learning", "ood_detection", "double_well"]:
+    for name in ["cold_posterior", "continual_learning", "ood_detection", "double_well", "lora_sentiment"]:
         assert (ROOT / "examples" / f"{name}.py").exists(), name
         assert f"{name}.png" in gallery, name
         assert f'href="{name}.html"' in gallery, name
