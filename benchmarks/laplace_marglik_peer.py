@@ -281,7 +281,8 @@ def run(args) -> dict:
         "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                    "laplace_torch": getattr(laplace_torch, "__version__", None) if laplace_torch else None,
                    "num_train": len(data["y"]), "num_test": len(data["y_test"])},
-        "machine": harness.machine_info(),
+        **harness.run_context(),  # date, machine, threads and the load at the start
+        "load_average_end": harness.load_average(),
         "summary": table,
         "rows": rows,
     }  # fmt: skip

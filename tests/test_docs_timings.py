@@ -39,7 +39,8 @@ TIMING = re.compile(
     r"|\btimes (?:faster|slower|sooner)\b"
 )
 LITERAL = re.compile(r"``[^`]*``|:math:`[^`]*`|`[^`]*`")
-SCRIPT = re.compile(r"benchmarks/(\w+)\.py")
+# a benchmark, or an example that times itself and records its context in its results (examples/lora_sentiment.py)
+SCRIPT = re.compile(r"(?:benchmarks|examples)/(\w+)\.py")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 UNDERLINE = re.compile(r"^([=\-~^*#+])\1+$")
 # the load stated: a figure near the word, or a machine said to be quiet, or said plainly not to be known
@@ -54,6 +55,7 @@ SECTIONS_TO_REMEASURE: dict = {}
 JSONS_TO_REMEASURE: dict = {
     "distributed_scaling_results.json": ["threads"],  # 2026-11-24; one thread per process, stated in the docs
     "laplace_digits_results.json": ["machine", "load", "threads"],  # 2026-11-26
+    "laplace_marglik_peer_results.json": ["load"],  # 2026-11-27, before the script recorded its run_context
     "laplace_scale_results.json": ["machine", "load"],  # 2026-11-24
     "laplace_speed_results.json": ["machine", "load"],  # 2026-11-26
     "preconditioning_results.json": ["machine", "load", "threads"],  # 2026-11-26
@@ -134,6 +136,10 @@ def test_every_benchmark_file_a_page_names_exists():
                 name = Path(name).stem + ".py"
             if not (BENCHMARKS / name).exists():
                 missing.append((page.relative_to(ROOT).as_posix(), f"benchmarks/{name}"))
+    for page in PAGES:  # an example named as the script that measured a figure
+        for name in re.findall(r"examples/(\w+\.py)", page.read_text(encoding="utf-8")):
+            if not (ROOT / "examples" / name).exists():
+                missing.append((page.relative_to(ROOT).as_posix(), f"examples/{name}"))
     assert not missing, f"pages name benchmark files that do not exist: {missing}"
 
 
