@@ -58,6 +58,7 @@ from pyro_sgmcmc import (
     to_inference_data,
 )
 from pyro_sgmcmc.checkpoint import CheckpointMismatch
+from pyro_sgmcmc.kernels.state import DivergenceWarning
 
 TIME_LIMIT = 60  # seconds per test (a hypothesis test counts as one test)
 
@@ -368,6 +369,22 @@ def test_extreme_valid_hyperparameters_never_give_nan_draws(
         assert stat.shape[:2] == (2, 3), name
         if stat.is_floating_point():
             assert torch.isfinite(stat).all(), name
+    assert int(mcmc.sample_stats["num_divergences"][:, -1].sum()) == len(sampler.divergence_log)
+
+
+def test_an_overflowing_sgnht_thermostat_is_a_divergence_and_never_kept():
+    """Found by the test above in a full run (another file had changed the floats Hypothesis draws): at T = 0 with a
+    tiny mass and a huge diffusion the thermostat overflows to inf one step before the position does, so the last
+    draw kept an infinite thermostat. SGNHT's stability rule now puts such a chain back, and names why."""
+    sampler = SGNHT(model, step_size=1.192092896e-07, temperature=0.0, diffusion=103659.0, mass=1e-6,
+                    init_momentum="zero", on_divergence="restart")  # fmt: skip
+    mcmc = MCMC(
+        sampler, num_samples=3, warmup_steps=2, num_chains=2, chain_method="vectorized", seed=0, disable_progbar=True
+    )
+    with pytest.warns(DivergenceWarning, match="non-finite thermostat"):
+        mcmc.run(Y)
+    assert torch.isfinite(mcmc.sample_stats["thermostat"]).all()
+    assert any("non-finite thermostat" in str(entry) for entry in sampler.divergence_log)
     assert int(mcmc.sample_stats["num_divergences"][:, -1].sum()) == len(sampler.divergence_log)
 
 

@@ -211,6 +211,12 @@ def describe_divergence(
     )
     if what is not None:
         return "non-finite " + what
+    for name in ("momentum", "thermostat"):  # a family's own stability rule (SGNHT's thermostat)
+        value = getattr(proposed, name)
+        if value is not None and not bool(torch.isfinite(value[chain]).all()):
+            return f"non-finite {name}"
+    if threshold is None:
+        return "the kernel's stability rule"
     # finite: the potential jumped past the chain's threshold (kernels/warmup.py)
     jump = float(proposed.potential[chain] - state.potential[chain])
     return f"a jump of the potential by {jump:.4g} (threshold {float(threshold[chain]):.4g})"

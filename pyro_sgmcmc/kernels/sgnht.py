@@ -11,6 +11,7 @@ from .arguments import INIT_MOMENTA, choice, non_negative, positive, renamed_att
 from .base import SGMCMCKernel, SGMCMCState
 from .diffusions import kinetic_energy as _kinetic_energy
 from .diffusions import nose_hoover_step
+from .step import nonfinite_point
 
 __all__ = ["SGNHT"]
 
@@ -91,6 +92,17 @@ class SGNHT(SGMCMCKernel):
     @property
     def damping(self) -> float:
         return self.diffusion
+
+    @staticmethod
+    def stability_rule(proposed: SGMCMCState) -> torch.Tensor:
+        """The chains to put back: a non-finite potential or gradient
+        (:func:`~pyro_sgmcmc.kernels.step.nonfinite_point`) or a non-finite thermostat. A thermostat that overflows
+        (:math:`\\xi \\mathrel{+}= h (p^\\top p / (m d) - T)` with a tiny mass) leaves the position finite for one
+        more step, so the draw kept at that step would hold an infinite thermostat; two operations more a step."""
+        diverging = nonfinite_point(proposed)
+        if proposed.thermostat is None:
+            return diverging
+        return diverging | ~torch.isfinite(proposed.thermostat)
 
     def warmup_stability_rule(self) -> StabilityRule:
         """Second order with a thermostat (:math:`\\epsilon = 0.1 / \\sqrt{\\lambda_{max}}`: :math:`\\epsilon \\xi` must
