@@ -15,7 +15,7 @@ torch used (every example sets one itself). Measured per example:
 
 Run::
 
-    python benchmarks/example_costs.py quickstart              # the README's headline (about 80 s quiet)
+    python benchmarks/example_costs.py quickstart              # the README's headline (about 90 s quiet)
     python benchmarks/example_costs.py                         # every example (several minutes)
     python benchmarks/example_costs.py --tiny                  # smoke test: every example at its --tiny size
 

@@ -25,23 +25,19 @@ warmup and sampling included).
 
 Run it::
 
-    python examples/quickstart.py              # about 75 s on a quiet 2-core machine
+    python examples/quickstart.py              # about 90 s on a quiet 2-core machine
     python examples/quickstart.py --tiny       # a few seconds, smoke test only
 
-What to expect (``--seed 0``, one torch thread, a 2-core machine shared with other jobs; measured on
-2026-11-26 under heavy load, load average 4.5-7, so the wall times are about twice the CPU times)::
+What to expect (``--seed 0``, one torch thread; measured on 2026-11-27 with ``python
+benchmarks/example_costs.py quickstart`` on a quiet 2-core AMD EPYC, load average 0.65 at the start and 0.92
+at the end, 92.3 s for the whole script)::
 
-    SGHMC(model): 10,000 steps in 18.8 s wall (10.4 s CPU); adapted step size 0.352, control variate: True, ...
-    NUTS(model), full data: 1,000 iterations in 66.1 s wall (35.5 s CPU); divergences: 0
-    ...
                                  wall time  max |mean err|  max |sd err|
-    SGHMC(model), minibatches       18.8 s        0.060 sd         5.5%
-    NUTS(model), full data          66.1 s        0.054 sd        12.0%
+    SGHMC(model), minibatches       18.8 s        0.044 sd         9.3%
+    NUTS(model), full data          70.6 s        0.054 sd        12.0%
 
-The errors are the same in every run (fixed seeds); the wall times varied over three runs from 18.8 to
-26.3 s for SGHMC (10.4-12.6 s CPU) and from 64.5 to 66.1 s for NUTS (35.4-37.7 s CPU), with other jobs on
-the machine (a fourth run of the SGHMC side alone, at lower load, took 9.4 s wall and 9.3 s CPU; on a
-quieter machine, before the minibatch stream became keyed permutations: 9.2-9.6 s and 37-43 s wall). NUTS
+The errors are the same in every run (fixed seeds); the times grow with the load of a shared machine (two
+runs the same day at load 3.6 and 4.3: SGHMC 19.1 and 16.7 s wall, NUTS 78 and 90 s wall). NUTS
 keeps 500 draws (after 500 warmup iterations), with a bulk ESS of 163-1,349 over the parameters against
 1,001-1,218 for SGHMC's 8,000 draws: its sds are estimated from fewer effective draws, and more draws would
 cost proportionally more time (``benchmarks/race_nuts.py`` races the two to a fixed accuracy, means and
