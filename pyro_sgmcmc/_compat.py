@@ -149,12 +149,16 @@ def eager_lbfgs(params, **options) -> torch.optim.LBFGS:
     wrapped too). Where a torch release stops wrapping it, the plain method is used.
     """
 
-    plain = torch.optim.Optimizer.add_param_group
+    return _EagerLBFGS(params, **options)
 
-    class EagerLBFGS(torch.optim.LBFGS):
-        add_param_group = getattr(plain, "__wrapped__", plain)
 
-    return EagerLBFGS(params, **options)
+class _EagerLBFGS(torch.optim.LBFGS):
+    """:class:`torch.optim.LBFGS` with the optimiser's own ``add_param_group``, not torch's dynamo-guarded wrapper
+    (:func:`eager_lbfgs`)."""
+
+    add_param_group = getattr(
+        torch.optim.Optimizer.add_param_group, "__wrapped__", torch.optim.Optimizer.add_param_group
+    )
 
 
 def pyro_chain_diagnostics(mcmc) -> list:

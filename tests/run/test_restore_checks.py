@@ -19,24 +19,13 @@ from pyro_sgmcmc.checkpoint import CheckpointMismatch, checksums, chunk_director
 from pyro_sgmcmc.kernels.base import SGMCMCKernel
 
 from .. import reliability_script as script
-
-
-class Interrupt(Exception):
-    pass
+from .interrupted import Interrupt, interrupted_checkpoint_files
 
 
 @pytest.fixture(scope="module")
 def checkpoint_files(tmp_path_factory):
     """The index and chunk files of the script's run interrupted at step 57 (checkpoint every 10)."""
-    path = tmp_path_factory.mktemp("base") / "run.ckpt"
-
-    def interrupt(kernel, params, stage, i):
-        if kernel.state.step == 57:
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        script.run(checkpoint=path, every=10, hook=interrupt)
-    return {p.name: p.read_bytes() for p in [path, *chunk_directory(path).iterdir()]}
+    return interrupted_checkpoint_files(tmp_path_factory.mktemp("base"))
 
 
 def forged(files: dict, directory: Path, edit) -> Path:

@@ -17,24 +17,13 @@ from pyro_sgmcmc.checkpoint import chunk_directory
 from pyro_sgmcmc.kernels.base import SGMCMCKernel
 
 from .. import reliability_script as script
-
-
-class Interrupt(Exception):
-    pass
+from .interrupted import interrupted_checkpoint_files
 
 
 @pytest.fixture(scope="module")
 def checkpoint_files(tmp_path_factory):
     """The files of the script's run interrupted at step 57 (index of step 50, checkpoint every 10)."""
-    path = tmp_path_factory.mktemp("base") / "run.ckpt"
-
-    def interrupt(kernel, params, stage, i):
-        if kernel.state.step == 57:
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        script.run(checkpoint=path, every=10, hook=interrupt)
-    return {p.name: p.read_bytes() for p in [path, *chunk_directory(path).iterdir()]}
+    return interrupted_checkpoint_files(tmp_path_factory.mktemp("base"))
 
 
 def _copy(files, directory):
