@@ -34,9 +34,10 @@ default process group is used unless a ``group`` is given.
 """
 
 from .chains import DistributedMCMC
-from .data_parallel import DataParallelPotential, data_parallel
+from .data_parallel import DataParallel, data_parallel
 from .launch import free_port, launch
 from .process import init_distributed, rank_chain_ids, shard
+from .sharded import ShardedMinibatches, sharded
 
 __all__ = [
     "init_distributed",
@@ -44,7 +45,9 @@ __all__ = [
     "shard",
     "DistributedMCMC",
     "data_parallel",
-    "DataParallelPotential",
+    "DataParallel",
+    "ShardedMinibatches",
+    "sharded",
     "launch",
     "free_port",
 ]
