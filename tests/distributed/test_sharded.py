@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed
 
-from pyro_sgmcmc import MCMC, SGLD, ModelPotential
+from pyro_sgmcmc import MCMC, SGLD, CheckpointSettings, ModelPotential
 from pyro_sgmcmc.chains.streams import ChainGenerators
 from pyro_sgmcmc.distributed import DataParallel, ShardedMinibatches, data_parallel, free_port
 from pyro_sgmcmc.distributed.sharded import MINIBATCH_STREAM_OFFSET
@@ -110,3 +110,37 @@ def test_sharded_estimator_draws_from_the_ranks_streams(one_rank, float64):
 def test_data_parallel_refuses_a_control_variate(one_rank):
     with pytest.raises(ValueError, match="control_variate='map' needs the full data in one process"):
         data_parallel(SGLD(model, control_variate="map"))
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("explicit_group", [False, True])
+def test_a_data_parallel_run_resumes_from_its_checkpoint(one_rank, float64, tmp_path, explicit_group):
+    """Interrupted at step 27 (checkpoint of step 20) and run again: it resumes at step 20 (its fingerprint,
+    which describes the DataParallel estimator, is the same, with an explicit process group too) and, with
+    whole shards (no minibatch stream to restart), gives exactly the draws of an uninterrupted run."""
+    x, y = data()
+    path = tmp_path / "dp.ckpt"
+    group = torch.distributed.new_group([0]) if explicit_group else None
+
+    def run(hook=None, checkpoint=True):
+        kernel = SGLD(model, step_size=0.05, adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)
+        data_parallel(kernel, plate="data", group=group)
+        mcmc = MCMC(kernel, num_samples=20, warmup_steps=20, num_chains=2, chain_method="vectorized", seed=4,
+                    disable_progbar=True, hook_fn=hook, **({"checkpoint": CheckpointSettings(path, every=10)}
+                                                           if checkpoint else {}))  # fmt: skip
+        mcmc.run(x, y, x.shape[0])
+        return mcmc.get_samples(group_by_chain=True)["w"]
+
+    def stop(kernel, values, stage, i):
+        if kernel.state.step == 27:
+            raise _Interrupted
+
+    with pytest.raises(_Interrupted):
+        run(stop)
+    steps = []
+    resumed = run(lambda kernel, values, stage, i: steps.append(kernel.state.step - 1))
+    assert steps == list(range(20, 40))
+    assert torch.equal(resumed, run(checkpoint=False))
