@@ -48,8 +48,9 @@ class BatchedChains:
     ``cuda_graph``) and its ``warmup`` driver; a concrete kernel defines :meth:`transition`.
     """
 
-    #: The user's gradient estimator (``potential -> estimator``), or ``None`` for the control variate's
-    #: (``gradient_estimator=`` of the kernel; set by :class:`~pyro_sgmcmc.kernels.base.SGMCMCKernel`).
+    #: The estimator factory (``potential -> estimator``): the kernel's ``gradient_estimator=`` (set by
+    #: :class:`~pyro_sgmcmc.kernels.base.SGMCMCKernel`) or :func:`~pyro_sgmcmc.distributed.data_parallel`'s;
+    #: ``None``: plain minibatches or the control variate.
     estimator_factory: Optional[Callable] = None
     #: Record the sampling step once and replay it (``cuda_graph=`` of the kernel; :mod:`.capture`).
     cuda_graph: bool = False

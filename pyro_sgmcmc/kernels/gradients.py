@@ -119,6 +119,13 @@ class _AllReduced:
         self.group = group
         self.potential = getattr(self.inner, "potential", None)
         self.replayable = getattr(self.inner, "replayable", False)
+        self.num_data = getattr(self.inner, "num_data", None)
+
+    def use_streams(self, generators) -> None:
+        """Hand the chains' streams on to the estimator averaged, if it draws minibatches of its own."""
+        use_streams = getattr(self.inner, "use_streams", None)
+        if use_streams is not None:
+            use_streams(generators)
 
     def potential_and_grad(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
         import torch.distributed as dist

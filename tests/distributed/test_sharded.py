@@ -15,9 +15,9 @@ import torch.distributed
 
 from pyro_sgmcmc import MCMC, SGLD, CheckpointSettings, ModelPotential
 from pyro_sgmcmc.chains.streams import ChainGenerators
-from pyro_sgmcmc.distributed import DataParallel, ShardedMinibatches, data_parallel, free_port
+from pyro_sgmcmc.distributed import DataParallel, ShardedMinibatches, data_parallel, free_port, sharded
 from pyro_sgmcmc.distributed.sharded import MINIBATCH_STREAM_OFFSET
-from pyro_sgmcmc.kernels.gradients import MinibatchGradient
+from pyro_sgmcmc.kernels.gradients import MinibatchGradient, all_reduced
 
 
 def model(x, y, batch):
@@ -144,3 +144,28 @@ def test_a_data_parallel_run_resumes_from_its_checkpoint(one_rank, float64, tmp_
     resumed = run(lambda kernel, values, stage, i: steps.append(kernel.state.step - 1))
     assert steps == list(range(20, 40))
     assert torch.equal(resumed, run(checkpoint=False))
+
+
+def test_all_reduced_hands_the_streams_on_to_a_sharded_estimator_inside(one_rank, float64):
+    """Composed the other way round, all_reduced(sharded(...)), the sharded estimator still gets the kernel's
+    streams (and so the same minibatches as sharded(all_reduced(...))), and its N reaches the kernel."""
+    x, y = data()
+    made = []
+
+    def factory(potential):
+        made.append(sharded(MinibatchGradient(potential), potential.subsample_plates, num_data=77))
+        return all_reduced(made[-1])
+
+    runs = []
+    for estimator in (factory, None):
+        kernel = SGLD(model, step_size=0.05, adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
+                      gradient_estimator=estimator, num_data=77)  # fmt: skip
+        if estimator is None:
+            data_parallel(kernel)  # sharded(all_reduced(MinibatchGradient)) with N = the kernel's num_data
+        mcmc = MCMC(kernel, num_samples=10, warmup_steps=0, num_chains=2, chain_method="vectorized", seed=6,
+                    disable_progbar=True)  # fmt: skip
+        mcmc.run(x, y, 10)
+        runs.append(mcmc.get_samples(group_by_chain=True)["w"])
+        assert kernel.run_num_data == 77
+    assert made[0].streams is not None and made[0].sampler is not None
+    assert torch.equal(runs[0], runs[1])
