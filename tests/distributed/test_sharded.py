@@ -169,3 +169,17 @@ def test_all_reduced_hands_the_streams_on_to_a_sharded_estimator_inside(one_rank
         assert kernel.run_num_data == 77
     assert made[0].streams is not None and made[0].sampler is not None
     assert torch.equal(runs[0], runs[1])
+
+
+def test_the_warmup_measures_the_data_parallel_gradient_noise(one_rank, float64):
+    """The warmup's step-size cap reads the minibatch drift noise through the kernel's estimator. With the data
+    plate hidden from the kernel (the potential factory before), the warmup saw no subsampled plate and took the
+    gradient for exact (noise 0, no cap); now it sees the plate and measures the sharded estimate's noise."""
+    x, y = data()
+    kernel = data_parallel(SGLD(model))
+    mcmc = MCMC(kernel, num_samples=2, warmup_steps=40, num_chains=2, chain_method="vectorized", seed=1,
+                disable_progbar=True)  # fmt: skip
+    mcmc.run(x, y, 10)
+    assert [p.name for p in kernel.warmup.context.plates] == ["data"]
+    noise, evaluations = kernel.warmup.probes.drift_noise_covariance(kernel.state.position)
+    assert evaluations > 0 and bool((noise.diagonal(dim1=-2, dim2=-1) > 0).all())
