@@ -38,8 +38,8 @@ def test_run_room_names_keep_their_import_paths():
     for name in distributed.__all__:  # every public name of the old module, from the package
         assert getattr(distributed, name).__module__.startswith("pyro_sgmcmc.distributed."), name
     assert set(distributed.__all__) == {
-        "init_distributed", "rank_chain_ids", "shard", "DistributedMCMC", "data_parallel", "DataParallelPotential",
-        "launch", "free_port",
+        "init_distributed", "rank_chain_ids", "shard", "DistributedMCMC", "data_parallel", "DataParallel",
+        "ShardedMinibatches", "sharded", "launch", "free_port",
     }  # fmt: skip
 
 

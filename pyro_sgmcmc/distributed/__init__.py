@@ -27,16 +27,19 @@ Two ways to use several processes (launched with ``torchrun``, or :func:`launch`
   minibatch of ``B = sum_r B_r`` data (stratified by shard). The injected noise comes from the
   chains' streams ``(seed, chain id)``, the same on every rank, so the replicas take identical
   steps; each rank's minibatches come from streams of its own (``(seed, chain id + (rank + 1)
-  2^40)``), independent across ranks.
+  2^40)``), independent across ranks. :func:`data_parallel` sets nothing but the kernel's gradient
+  estimator (:class:`DataParallel`): ``sharded(all_reduced(inner))`` on the scaled model, :func:`sharded`
+  drawing the rank's minibatches and :func:`~pyro_sgmcmc.kernels.gradients.all_reduced` averaging.
 
 Everything here uses only :mod:`torch.distributed` collectives (gloo on CPU, NCCL on GPUs); the
 default process group is used unless a ``group`` is given.
 """
 
 from .chains import DistributedMCMC
-from .data_parallel import DataParallelPotential, data_parallel
+from .data_parallel import DataParallel, data_parallel
 from .launch import free_port, launch
 from .process import init_distributed, rank_chain_ids, shard
+from .sharded import ShardedMinibatches, sharded
 
 __all__ = [
     "init_distributed",
@@ -44,7 +47,9 @@ __all__ = [
     "shard",
     "DistributedMCMC",
     "data_parallel",
-    "DataParallelPotential",
+    "DataParallel",
+    "ShardedMinibatches",
+    "sharded",
     "launch",
     "free_port",
 ]

@@ -71,7 +71,7 @@ class FullData:
 
     Parameters
     ----------
-    potential : ModelPotential or DataParallelPotential
+    potential : ModelPotential
         The run's potential: its model, arguments, latent sites and subsampled plates.
     position : Tensor ``(dim,)``
         Any unconstrained position: the model is traced there once, to find the observed sites.

@@ -4,7 +4,7 @@
 (:mod:`~pyro_sgmcmc.kernels.adapt.approach`, ``ApproachState``), the adaptation of the metric and of the per-chain
 step sizes (:mod:`~pyro_sgmcmc.kernels.adapt.windows`, ``WindowedState``, probing the curvature through
 :class:`~pyro_sgmcmc.kernels.curvature_probes.CurvatureProbes`), ``control_variate="auto"``
-(:class:`~pyro_sgmcmc.kernels.auto_control_variate.AutoControlVariate`) and the jump thresholds
+(:mod:`~pyro_sgmcmc.kernels.auto_control_variate`, ``AutoControlVariateState``) and the jump thresholds
 (:mod:`~pyro_sgmcmc.kernels.adapt.jumps`, ``JumpState``). Each adaptation is ``(init, update, final)`` over its own
 named tuple; the driver holds their states and nothing else of the run's. It holds no reference to the kernel: what
 it needs is given to :meth:`WarmupDriver.setup` as values (:class:`WarmupContext`, made by :func:`warmup_context`
@@ -25,7 +25,14 @@ from .adapt.mass_matrix import metric_init
 from .adapt.saved import adaptation_fields, fields_of, restore, restore_adaptation
 from .adapt.step_size import StepSizeSettings, step_size_init
 from .adapt.windows import WindowedSettings, WindowedState, windowed_init, windowed_shrink, windowed_update
-from .auto_control_variate import AutoControlVariate
+from .auto_control_variate import (
+    AutoControlVariateState,
+    auto_decide,
+    auto_fields,
+    auto_init,
+    auto_propose,
+    auto_restore,
+)
 from .control_variates import ControlVariate
 from .creep import describe as describe_drift
 from .creep import drift_offsets
@@ -56,12 +63,14 @@ class WarmupDriver:
         The adaptation phase's rules and state, when the warmup adapts.
     adapting : bool
         In the adaptation phase.
+    auto : AutoControlVariateState
+        ``control_variate="auto"``'s decision (a value, replaced by each of its functions).
     """
 
     def __init__(self) -> None:
         self.context: Optional[WarmupContext] = None
         self.probes: Optional[CurvatureProbes] = None
-        self.auto = AutoControlVariate()
+        self.auto: AutoControlVariateState = auto_init()
         self.warmup_steps = 0
         self.chain_step_size: Optional[Union[torch.Tensor, float]] = None
         self.jump_threshold: Optional[torch.Tensor] = None
@@ -86,7 +95,7 @@ class WarmupDriver:
         approach = approach_length(warmup_steps)
         # the running threshold from the approach's second half: its first steps are the descent (jumps.py)
         self.jumps = jumps_init(warmup_steps, position.shape[0], position.device, running_start=approach // 2)
-        self.auto.reset()
+        self.auto = auto_init(self.auto)  # a refined control variate is kept for the same data
         self.jump_threshold, self.approach, self.approach_steps, self.chain_step_size = None, None, 0, None
         # an adaptation flag on and T > 0 (at T = 0 there is no posterior to adapt to: the kernel is an optimiser)
         adapts = (context.adapt_step_size or context.adapt_mass_matrix) and context.temperature > 0
@@ -141,7 +150,7 @@ class WarmupDriver:
         if state.momentum is not None:
             state = state.replace(momentum=torch.zeros_like(state.momentum))
         if context.automatic_control_variate:
-            self.auto.propose(context.potential, context.plates, state)
+            self.auto = auto_propose(self.auto, context.potential, context.plates, state)
         self.adaptation = windowed_init(self.settings, state.position, self.probes)
         self.chain_step_size = self.adaptation.step_size
         # the adaptation's first steps are guarded by the noise measured at rest in the approach's second half
@@ -177,7 +186,9 @@ class WarmupDriver:
         chosen = None
         if self.auto.candidate is not None and state.step - settings.offset >= settings.slow_start:
             indices = NextIndices(context.next_indices)
-            chosen = self.auto.decide(context.potential, state.position, indices, context.temperature, self._hessian)
+            chosen, self.auto = auto_decide(
+                self.auto, context.potential, state.position, indices, context.temperature, self._hessian
+            )
             if chosen is not None:
                 self._use(chosen)
                 evaluate, next_indices = self.context.evaluate, self.context.next_indices
@@ -309,7 +320,7 @@ class WarmupDriver:
             out["approach"] = fields_of(self.approach)
         if self.adaptation is not None:
             out["adaptation"] = adaptation_fields(self.adaptation)
-        out.update(self.auto.state_dict())
+        out.update(auto_fields(self.auto))
         return out
 
     def load_state_dict(self, saved: dict, state: SGMCMCState, context: WarmupContext) -> None:
@@ -328,7 +339,7 @@ class WarmupDriver:
             self.chain_step_size = self.adaptation.step_size
             if state.step >= self.warmup_steps:
                 self._freeze_step_size()
-        self.auto.load_state_dict(saved, context.potential, device)
+        self.auto = auto_restore(self.auto, saved, context.potential, device)
 
     def sampling_parameters(self) -> SamplingParameters:
         """What sampling reads of the warmup, frozen (:class:`~pyro_sgmcmc.kernels.step.SamplingParameters`): the

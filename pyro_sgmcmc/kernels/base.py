@@ -58,9 +58,6 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
 
     _logging_cache: Optional[tuple] = None  # (step, phase, divergences, what logging() shows)
 
-    #: Builds the potential as ``potential_factory(model, args, kwargs, init_strategy=..., num_data=...,
-    #: jit_compile=...)``: a hook (:func:`pyro_sgmcmc.distributed.data_parallel` puts an all-reduced potential here).
-    potential_factory: Callable = ModelPotential
     #: The previous release's order of the arguments after ``step_size`` (still accepted, with a FutureWarning).
     LEGACY_POSITIONAL = ("temperature", "num_data", "init_strategy", "on_divergence")
 
@@ -321,6 +318,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
         self.state = SGMCMCState(**fields)
         self._sampling = None  # the next sampling step starts it afresh from the restored warmup
         self.generators = ChainGenerators(saved["seed"], saved["chain_ids"], device)
+        self._use_streams()
         self.minibatches = MinibatchSampler(self.potential.subsample_plates, self.generators)
         self.minibatches.load_state_dict(saved["minibatches"])
         self.divergence_record.load_state_dict(saved, device)

@@ -44,15 +44,19 @@ class BatchedChains:
     """The vectorised-chains half of :class:`~pyro_sgmcmc.kernels.base.SGMCMCKernel` (module docstring).
 
     It reads the kernel's settings (``model``, ``init_strategy``, ``num_data``, ``jit_compile``, ``temperature``,
-    ``control_variate``, ``init_to_centre``, ``on_divergence``, ``step_size``, ``potential_factory``,
-    ``estimator_factory``, ``cuda_graph``) and its ``warmup`` driver; a concrete kernel defines :meth:`transition`.
+    ``control_variate``, ``init_to_centre``, ``on_divergence``, ``step_size``, ``estimator_factory``,
+    ``cuda_graph``) and its ``warmup`` driver; a concrete kernel defines :meth:`transition`.
     """
 
-    #: The user's gradient estimator (``potential -> estimator``), or ``None`` for the control variate's
-    #: (``gradient_estimator=`` of the kernel; set by :class:`~pyro_sgmcmc.kernels.base.SGMCMCKernel`).
+    #: The estimator factory (``potential -> estimator``): the kernel's ``gradient_estimator=`` (set by
+    #: :class:`~pyro_sgmcmc.kernels.base.SGMCMCKernel`) or :func:`~pyro_sgmcmc.distributed.data_parallel`'s;
+    #: ``None``: plain minibatches or the control variate.
     estimator_factory: Optional[Callable] = None
     #: Record the sampling step once and replay it (``cuda_graph=`` of the kernel; :mod:`.capture`).
     cuda_graph: bool = False
+    #: :math:`N` of this run's gradient estimate, which the drift and noise are normalised by (set by
+    #: :meth:`prepare_chains`): the potential's ``num_data``, or the estimator's own (data_parallel's: all shards').
+    run_num_data: int = 1
 
     # ------------------------------------------------------------------ what a kernel defines
     def transition(
@@ -95,7 +99,7 @@ class BatchedChains:
         # the potential holds the arguments, so their ids identify them while it lives
         key = (tuple(map(id, args)), tuple(sorted((k, id(v)) for k, v in kwargs.items())))
         if self.potential is None or key != self._model_key:
-            self.potential = self.potential_factory(
+            self.potential = ModelPotential(
                 self.model, args, kwargs, init_strategy=self.init_strategy, num_data=self.num_data,
                 jit_compile=self.jit_compile,
             )  # fmt: skip
@@ -185,11 +189,19 @@ class BatchedChains:
         with preserved_global_rng("cpu") if seed is not None else contextlib.nullcontext():
             potential = self.ensure_potential(args, kwargs)  # traces the model: no draw may reach the global state
         self.transforms = potential.transforms
-        self.noise_temperature = self.temperature / potential.num_data
-        self._inverse_num_data = 1.0 / potential.num_data
         self.generators = ChainGenerators(seed, range(num_chains) if chain_ids is None else chain_ids, potential.device)
         if len(self.generators) != num_chains:
             raise ValueError(f"chain_ids has {len(self.generators)} entries for num_chains={num_chains}")
+        # the estimate of this data set: plain minibatches or the user's (a fixed control variate replaces it at
+        # start_chains); an estimator with a num_data of its own (data_parallel's: the shards') sets N
+        factory = self.estimator_factory
+        with preserved_global_rng("cpu") if seed is not None else contextlib.nullcontext():  # it may trace the model
+            plain = factory is None
+            self.gradient_estimator = MinibatchGradient(potential) if plain else user_estimator(factory, potential)
+        self._use_streams()
+        self.run_num_data = getattr(self.gradient_estimator, "num_data", None) or potential.num_data
+        self.noise_temperature = self.temperature / self.run_num_data
+        self._inverse_num_data = 1.0 / self.run_num_data
         self.minibatches = MinibatchSampler(potential.subsample_plates, self.generators)
         self.superchain_ids = torch.arange(num_chains) // (num_chains // num_superchains)
         self._prepared = (warmup_steps, num_chains, num_superchains, seed, chain_ids)
@@ -222,10 +234,7 @@ class BatchedChains:
         expected = (num_chains, potential.dim)
         if tuple(fields["position"].shape) != expected:
             raise ValueError(f"saved chains have positions of shape {tuple(fields['position'].shape)}, not {expected}")
-        factory = self.estimator_factory  # else plain: a saved control variate replaces it (load)
-        plain = factory is None
-        self.gradient_estimator = MinibatchGradient(potential) if plain else user_estimator(factory, potential)
-        self._start(SGMCMCState(**fields), warmup_steps)
+        self._start(SGMCMCState(**fields), warmup_steps)  # the estimator is prepare_chains' (a saved CV: load)
         self.load_state_dict(saved)
         if self.control_variate is not None and self.control_variate != "auto":
             if not isinstance(self.gradient_estimator, ControlVariate):
@@ -246,13 +255,19 @@ class BatchedChains:
         self.state = self.warmup.setup(warmup_steps, state, warmup_context(self))
         self._last_step_size = self.step_size(0)
 
+    def _use_streams(self) -> None:
+        """Give the chains' streams to an estimator that draws minibatches of its own (``use_streams``,
+        :mod:`~pyro_sgmcmc.kernels.gradients`): at set-up, and when a restore replaces them."""
+        use_streams = getattr(self.gradient_estimator, "use_streams", None)
+        if use_streams is not None:
+            use_streams(self.generators)
+
     def _setup_control_variate(self, positions: torch.Tensor) -> GradientEstimator:
-        """The user's ``gradient_estimator``, plain minibatches, or the fixed control variate (``"map"`` or a dict:
-        computed once per data set); ``"auto"`` starts plain and decides in warmup."""
-        if self.estimator_factory is not None:
-            return user_estimator(self.estimator_factory, self.potential)
-        if self.control_variate is None or self.control_variate == "auto":
-            return MinibatchGradient(self.potential)
+        """The estimator of :meth:`prepare_chains` (the user's ``gradient_estimator`` or plain minibatches), or the
+        fixed control variate (``"map"`` or a dict: computed once per data set); ``"auto"`` starts plain and
+        decides in warmup."""
+        if self.estimator_factory is not None or self.control_variate is None or self.control_variate == "auto":
+            return self.gradient_estimator
         cached = self._fixed_control_variate
         if cached is None or cached.potential is not self.potential:
             self._fixed_control_variate = ControlVariate(self.potential, self.control_variate, positions[0])

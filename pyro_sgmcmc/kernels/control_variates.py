@@ -60,7 +60,7 @@ def full_data_potential_and_grad(
     total_g = torch.zeros_like(position)
     arange = torch.arange(b, device=position.device)
     rows_per_call = max(1, _DATA_PER_CALL // b)
-    summed = getattr(potential, "summed_potential_and_grad", None)  # a data-parallel potential has none
+    summed = getattr(potential, "summed_potential_and_grad", None)  # a potential may have none
     for start in range(0, num_chunks, rows_per_call):
         ks = torch.arange(start, min(num_chunks, start + rows_per_call), device=position.device)
         chunks = (ks.unsqueeze(-1) * b + arange) % n

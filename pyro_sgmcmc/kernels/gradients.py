@@ -20,13 +20,20 @@ indices}``, each chain its own rows, drawn by :class:`~pyro_sgmcmc.chains.miniba
   :math:`\\hat U^{(r)}` of the same :math:`U` (each rank its own shard's minibatch, the shard's likelihood scaled
   by the number of ranks :math:`P`) and returns the average :math:`P^{-1} \\sum_r \\hat U^{(r)}`, unbiased too,
   with :math:`1/P` of the variance of independent ranks: one all-reduce of :math:`C (D + 1)` numbers. With one
-  rank it is the identity.
+  rank it is the identity;
+* :func:`~pyro_sgmcmc.distributed.sharded.sharded`: wraps any estimator, replacing the indices of the sharded
+  data plate by the rank's own minibatch of its shard. ``sharded(all_reduced(MinibatchGradient(scaled)))`` is
+  data parallelism (:func:`~pyro_sgmcmc.distributed.data_parallel`).
 
 The kernels call ``estimator.potential_and_grad`` (the same function; ``__call__`` for a plain callable) and read
-two attributes where present: ``potential`` (the :class:`~pyro_sgmcmc.ModelPotential` whose layout the positions
-follow) and ``replayable``: the value is a function of ``(positions, indices)`` alone and calling it changes
+these attributes where present: ``potential`` (the :class:`~pyro_sgmcmc.ModelPotential` whose layout the positions
+follow); ``replayable``: the value is a function of ``(positions, indices)`` alone and calling it changes
 nothing, so the sampling phase may call it again to name a divergence (``kernels/sampling.py``); an estimator
-without it is read after every step. :func:`as_estimator` turns a plain function into such a value.
+without it is read after every step; ``num_data``: the :math:`N` of the estimate when it is not the potential's
+(data parallelism: the sum of the shards' sizes), which the kernel's drift and noise are normalised by; and
+``use_streams(generators)``: an estimator that draws minibatches of its own is handed the chains' streams
+(:class:`~pyro_sgmcmc.chains.streams.ChainGenerators`) whenever the kernel makes them (a new run, a restore).
+:func:`as_estimator` turns a plain function into such a value.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ class MinibatchGradient:
     Parameters
     ----------
     potential : ModelPotential
-        Anything with ``batched_potential_and_grad(positions, indices)`` (a data-parallel potential too).
+        Anything with ``batched_potential_and_grad(positions, indices)``.
 
     Examples
     --------
@@ -75,8 +82,7 @@ class MinibatchGradient:
     def __init__(self, potential) -> None:
         self.potential = potential
         self.potential_and_grad = potential.batched_potential_and_grad
-        # a potential that draws its own minibatches (data_parallel's) changes the run when called again
-        self.replayable = not getattr(potential, "draws_own_minibatches", False)
+        self.replayable = True  # a function of (positions, indices): a replay gives the same values
 
     def __call__(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
         return self.potential_and_grad(positions, indices)
@@ -113,6 +119,13 @@ class _AllReduced:
         self.group = group
         self.potential = getattr(self.inner, "potential", None)
         self.replayable = getattr(self.inner, "replayable", False)
+        self.num_data = getattr(self.inner, "num_data", None)
+
+    def use_streams(self, generators) -> None:
+        """Hand the chains' streams on to the estimator averaged, if it draws minibatches of its own."""
+        use_streams = getattr(self.inner, "use_streams", None)
+        if use_streams is not None:
+            use_streams(generators)
 
     def potential_and_grad(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
         import torch.distributed as dist

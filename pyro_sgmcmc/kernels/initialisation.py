@@ -81,7 +81,7 @@ def initial_positions(
         positions = _pack(potential, initial_params, num_chains, num_superchains)
         with seeded_global_rng(seed, 0, potential.device):  # the finiteness check draws a minibatch
             starts = positions.unique(dim=0)
-            vectorised = hasattr(potential, "draw_start")  # a data-parallel potential checks one by one
+            vectorised = hasattr(potential, "draw_start")  # a potential without it checks one by one
             finite = _finite(potential, starts, [potential.check_indices() for _ in starts]) if vectorised else None
             if finite is None:  # one by one: names the problem
                 for position in starts:
@@ -93,7 +93,7 @@ def initial_positions(
                 )
         return positions
     superchains = list(range(num_superchains)) if superchains is None else list(superchains)
-    if not hasattr(potential, "draw_start"):  # e.g. a data-parallel potential: rank 0's draw, one by one
+    if not hasattr(potential, "draw_start"):  # a potential that only draws one point at a time
         drawn = [_draw_checked(potential, seed, superchain) for superchain in superchains]
         return torch.stack(drawn).repeat_interleave(repeats, 0)
     draws = []

@@ -93,7 +93,7 @@ CONTROL_VARIATE_GAIN = 0.4
 #: ``control_variate="auto"``: L-BFGS iterations of the preliminary centre (from the approach's best point) ...
 PRELIMINARY_MAP_ITERATIONS = 5
 #: ... moved on towards the MAP in stages of 10, 20, ... up to this many iterations while each stage lowers the
-#: gradient variance by more than 10 % (``AutoControlVariate.decide``); each stage stops early ...
+#: gradient variance by more than 10 % (``auto_decide``); each stage stops early ...
 AUTO_MAP_ITERATIONS = 80
 #: ... once 10 full-data evaluations lower the potential by less than this fraction of the chains' average
 #: excess over the minimum, ``T d / 2`` nats (the centre's offset then adds at most about this fraction to the
@@ -114,7 +114,7 @@ MAX_MINIBATCHES = 64
 NOISE_Z = 2.0
 #: ``control_variate="auto"`` measures a chain whose squared gradient, in units of ``T`` times its curvature,
 #: exceeds ``d`` (its mean at the posterior, by integration by parts) by more than this many sds of a ``chi^2_d``
-#: where it would arrive (:meth:`AutoControlVariate.decide`).
+#: where it would arrive (:func:`~pyro_sgmcmc.kernels.auto_control_variate.auto_decide`).
 ARRIVAL_Z = 4.0
 #: ... and a stage of the MAP search goes on if it lowers the log ratio by more than this (10 %).
 STAGE_IMPROVEMENT = math.log(0.9)

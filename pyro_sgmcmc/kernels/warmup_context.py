@@ -87,7 +87,7 @@ def warmup_context(kernel) -> WarmupContext:
         transition=kernel.transition,
         potential=kernel.potential,
         plates=kernel.minibatches.plates,
-        num_data=kernel.potential.num_data,
+        num_data=kernel.run_num_data,
         temperature=kernel.temperature,
         stability=kernel.warmup_stability_rule(),
         adapt_step_size=kernel.adapt_step_size,

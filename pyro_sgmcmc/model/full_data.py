@@ -106,7 +106,7 @@ def full_data_potential_and_grad(
     subsampled plate whose minibatches the kernel draws.
 
     ``potential`` has ``subsample_plates`` and ``batched_potential_and_grad`` (a
-    :class:`~pyro_sgmcmc.model.potential.ModelPotential`, or the data-parallel potential); its
+    :class:`~pyro_sgmcmc.model.potential.ModelPotential`, or any potential with both); its
     ``summed_potential_and_grad``, when it has one, evaluates ``data_per_call / B`` chunks at a time
     with ``z`` shared; otherwise (or when the model cannot share ``z``) one copy of ``z`` per chunk.
     """

@@ -143,7 +143,7 @@ def data_parallel_job():
     # step by step with a one-process full-batch run with the same noise streams.
     mcmc, kernel = coupled_run(x_shard, y_shard, x_shard.shape[0], parallel=True)
     out["coupled"] = mcmc.get_samples(group_by_chain=True)["w"]
-    out["num_data"] = kernel.potential.num_data
+    out["num_data"] = kernel.run_num_data  # the N the drift and noise are normalised by
     # Subsampled shards: the replicas stay identical (shared noise, all-reduced gradients).
     kernel = data_parallel(SGLD(regression_model, step_size=sgld_step_size(x), **FIXED_STEP))
     mcmc = MCMC(kernel, num_samples=50, warmup_steps=10, num_chains=4, chain_method="vectorized", seed=7,
@@ -473,15 +473,16 @@ def test_distributed_mcmc_refuses_the_options_it_sets_itself():
             DistributedMCMC(SGLD(small_model), 5, num_chains=2, **option)
 
 
-def test_data_parallel_potential_has_an_explicit_interface():
-    """No attribute forwarding: every member the kernels, the run and the export read is defined on the class."""
-    from pyro_sgmcmc.distributed import DataParallelPotential
+def test_data_parallel_needs_a_process_group_and_leaves_the_potential_alone():
+    """data_parallel sets the kernel's estimator (tests/distributed/test_sharded.py), never a potential factory:
+    the kernel has none to set."""
+    from pyro_sgmcmc.kernels.base import SGMCMCKernel
 
-    assert "__getattr__" not in vars(DataParallelPotential)
-    used = ["sites", "site_names", "transforms", "dim", "dtype", "device", "model", "model_args", "model_kwargs",
-            "compiled", "unpack", "pack", "forget_compiled", "nonfinite_log_densities", "initial_position",
-            "potential_and_grad", "batched_potential_and_grad"]  # fmt: skip
-    assert [name for name in used if not hasattr(DataParallelPotential, name)] == []
+    assert not hasattr(SGMCMCKernel, "potential_factory")
+    kernel = SGLD(small_model)
+    with pytest.raises(RuntimeError, match="no torch.distributed process group"):
+        data_parallel(kernel)
+    assert kernel.estimator_factory is None and kernel.control_variate == "auto"
 
 
 def test_a_slice_of_chains_equals_those_chains_of_the_full_run():

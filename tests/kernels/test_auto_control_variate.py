@@ -8,13 +8,26 @@ case, where the posterior is not concentrated and the chains' points are kept, i
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_sgmcmc import MCMC, SGHMC
-from pyro_sgmcmc.kernels.state import SlowMixingWarning
+from pyro_sgmcmc import MCMC, SGHMC, ModelPotential
+from pyro_sgmcmc.chains.minibatch import MinibatchSampler
+from pyro_sgmcmc.chains.streams import ChainGenerators
+from pyro_sgmcmc.kernels.auto_control_variate import (
+    AutoControlVariateState,
+    auto_decide,
+    auto_fields,
+    auto_init,
+    auto_propose,
+    auto_restore,
+)
+from pyro_sgmcmc.kernels.gradients import MinibatchGradient
+from pyro_sgmcmc.kernels.state import SGMCMCState, SlowMixingWarning
 
 from .test_warmup import _raw_regression
 
@@ -48,3 +61,85 @@ def test_a_chain_left_outside_the_typical_set_is_measured_where_it_would_arrive(
     w = mcmc.get_samples()["w"]
     assert abs(float(w.mean()) - w_hat) < 0.5 * sd, (float(w.mean()) - w_hat) / sd
     assert abs(float(w.std()) / sd - 1.0) < 0.25, float(w.std()) / sd
+
+
+# ---------------------------------------------------------------------- the decision as a value
+def _gaussian_mean(num_data: int = 2000, batch: int = 10):
+    """``y_n ~ N(mu, 1)``, ``mu ~ N(0, 10)``: a concentrated posterior (sd ``N^-1/2``), where a control variate
+    centred at the mode divides the gradient noise by far more than ``1 / CONTROL_VARIATE_GAIN``."""
+    y = 3.0 + torch.randn(num_data, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def model():
+        mu = pyro.sample("mu", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 10.0))
+        with pyro.plate("data", num_data, subsample_size=batch) as idx:
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+    return ModelPotential(model)
+
+
+def _chains(potential, points):
+    position = torch.tensor(points, dtype=torch.float64).unsqueeze(-1)
+    energy, grad = MinibatchGradient(potential)(position, {"data": torch.arange(10).expand(len(points), -1)})
+    return SGMCMCState(position, None, None, energy, grad, 0)
+
+
+def test_the_auto_control_variate_state_is_an_immutable_value():
+    """Its fields cannot be assigned: the warmup replaces the whole value (kernels/adaptation.py)."""
+    state = auto_init()
+    assert isinstance(state, tuple) and state == AutoControlVariateState(None, None, False, None)
+    for field in AutoControlVariateState._fields:
+        with pytest.raises(AttributeError):
+            setattr(state, field, None)
+    # a new run keeps the refined control variate of the last (sequential chains on the same data), nothing else
+    previous = AutoControlVariateState(candidate="c", refined="r", rejected=True, arrival=torch.zeros(1))
+    assert auto_init(previous) == AutoControlVariateState(refined="r")
+
+
+def test_propose_and_decide_return_new_states_and_leave_theirs_alone():
+    """auto_propose and auto_decide are functions of their arguments: the state given is unchanged (same fields,
+    same objects), the one returned carries the change; a model the decision cannot help is returned as given."""
+    potential = _gaussian_mean()
+    chains = _chains(potential, [2.9, 3.1, 3.05])
+    start = auto_init()
+    proposed = auto_propose(start, potential, potential.subsample_plates, chains)
+    assert start == AutoControlVariateState() and proposed.candidate is not None
+    assert proposed.refined is None and not proposed.rejected
+    again = auto_propose(start, potential, potential.subsample_plates, chains)  # the same inputs, the same centre
+    assert torch.equal(again.candidate.centre, proposed.candidate.centre)
+    # too few minibatches per epoch (N < 10 B) or no subsampled plate: no candidate, the very same state
+    short = [replace(potential.subsample_plates[0], size=50)]
+    assert auto_propose(start, potential, short, chains) is start
+    assert auto_propose(start, potential, [], chains) is start
+
+    before = tuple(proposed)
+    generators = ChainGenerators(0, range(3))
+    chosen, decided = auto_decide(proposed, potential, chains.position, MinibatchSampler(
+        potential.subsample_plates, generators), temperature=1.0)  # fmt: skip
+    assert tuple(proposed) == before and all(a is b for a, b in zip(proposed, before))
+    assert chosen is not None and decided.refined is chosen and decided.candidate is None and not decided.rejected
+    # the same decision again from the same state and minibatch streams: the same control variate
+    chosen_again, _ = auto_decide(proposed, potential, chains.position, MinibatchSampler(
+        potential.subsample_plates, ChainGenerators(0, range(3))), temperature=1.0)  # fmt: skip
+    assert torch.equal(chosen_again.centre, chosen.centre)
+    # the refined control variate is proposed again as it is for the same potential (a sequential chain)
+    assert auto_propose(auto_init(decided), potential, potential.subsample_plates, chains).candidate is chosen
+
+
+def test_the_state_goes_through_a_checkpoint_in_the_format_before_it_was_a_value():
+    """The keys are those the mutable AutoControlVariate wrote, so checkpoints written before still load."""
+    potential = _gaussian_mean()
+    chains = _chains(potential, [2.9, 3.1])
+    proposed = auto_propose(auto_init(), potential, potential.subsample_plates, chains)
+    saved = auto_fields(proposed)
+    assert set(saved) == {"control_variate_rejected", "control_variate_candidate", "control_variate_candidate_refined"}
+    assert set(saved["control_variate_candidate"]) == {"centre", "potential", "grad"}
+    restored = auto_restore(auto_init(), saved, potential, "cpu")
+    assert torch.equal(restored.candidate.centre, proposed.candidate.centre)
+    assert restored.refined is None and not restored.rejected
+    # a candidate that is the refined one (a sequential chain's) is restored as both
+    refined = proposed.replace(refined=proposed.candidate)
+    restored = auto_restore(auto_init(), auto_fields(refined), potential, "cpu")
+    assert restored.refined is restored.candidate
+    # after a rejection: only the flag
+    assert auto_fields(AutoControlVariateState(rejected=True)) == {"control_variate_rejected": True}
+    assert auto_restore(auto_init(), {"control_variate_rejected": True}, potential, "cpu").rejected

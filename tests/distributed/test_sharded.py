@@ -1,0 +1,185 @@
+"""Data parallelism as a gradient-estimator value (``distributed/data_parallel.py``, ``distributed/sharded.py``).
+
+In one process, on a real gloo process group of one rank (``P = 1``: the all-reduce is the identity and the
+shard is all the data), so that the composition can be checked exactly and fast; the two-rank behaviour is
+``test_distributed.py``'s.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+import torch.distributed
+
+from pyro_sgmcmc import MCMC, SGLD, CheckpointSettings, ModelPotential
+from pyro_sgmcmc.chains.streams import ChainGenerators
+from pyro_sgmcmc.distributed import DataParallel, ShardedMinibatches, data_parallel, free_port, sharded
+from pyro_sgmcmc.distributed.sharded import MINIBATCH_STREAM_OFFSET
+from pyro_sgmcmc.kernels.gradients import MinibatchGradient, all_reduced
+
+
+def model(x, y, batch):
+    w = pyro.sample("w", dist.Normal(torch.zeros(2, dtype=x.dtype), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0], subsample_size=batch) as idx:
+        pyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
+
+
+def data():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    return x, x @ torch.tensor([1.0, -1.0], dtype=torch.float64) + torch.randn(40, generator=g, dtype=torch.float64)
+
+
+@pytest.fixture
+def one_rank():
+    """A gloo process group of one rank for the test, destroyed after it."""
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_data_parallel_sets_the_estimator_not_the_potential(one_rank):
+    """The kernel keeps building its own ModelPotential: data_parallel sets its estimator factory, and the
+    estimator is sharded(all_reduced(...)) with the global N; no potential factory exists on the kernel."""
+    kernel = data_parallel(SGLD(model, step_size=1e-3))
+    assert not hasattr(kernel, "potential_factory")
+    assert isinstance(kernel.estimator_factory, DataParallel) and kernel.control_variate is None
+    x, y = data()
+    mcmc = MCMC(kernel, num_samples=3, warmup_steps=0, num_chains=2, chain_method="vectorized", seed=1,
+                disable_progbar=True)  # fmt: skip
+    mcmc.run(x, y, 10)
+    assert type(kernel.potential) is ModelPotential
+    estimator = kernel.gradient_estimator
+    assert isinstance(estimator, ShardedMinibatches) and not estimator.replayable
+    assert estimator.potential is kernel.potential and estimator.num_data == kernel.run_num_data == 40
+    assert [p.name for p in estimator.plates] == ["data"]
+    # the rank's minibatch streams: (seed, chain + (rank + 1) 2^40), handed over by the kernel (use_streams)
+    assert estimator.streams is kernel.generators
+    own = estimator.sampler.generators
+    assert own.seed == kernel.generators.seed and list(own.chain_ids) == [MINIBATCH_STREAM_OFFSET + c for c in (0, 1)]
+    # made data-parallel twice: not scaled twice
+    again = data_parallel(kernel, plate="data")
+    assert again.estimator_factory.inner is None and again.estimator_factory.plate == "data"
+
+
+def test_one_rank_full_shard_run_equals_the_plain_run(one_rank, float64):
+    """P = 1 with the whole shard each step: the sharded, all-reduced estimate is the plain one, so the run is
+    the plain full-batch run draw for draw (same noise streams, same starting points from the same seed)."""
+    x, y = data()
+    common = dict(num_samples=15, warmup_steps=5, num_chains=3, chain_method="vectorized", seed=2,
+                  disable_progbar=True)  # fmt: skip
+    runs = []
+    for parallel in (False, True):
+        kernel = SGLD(model, step_size=0.05, adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)
+        if parallel:
+            data_parallel(kernel, plate="data")
+        mcmc = MCMC(kernel, **common)
+        mcmc.run(x, y, x.shape[0])
+        runs.append(mcmc.get_samples(group_by_chain=True)["w"])
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_sharded_estimator_draws_from_the_ranks_streams(one_rank, float64):
+    """The wrapped estimator sees the rank's own minibatch (not the kernel's): equal to the plain estimator on
+    the indices of the rank's stream, and a second call moves on to the next minibatch."""
+    x, y = data()
+    potential = ModelPotential(model, (x, y, 8))
+    estimator = DataParallel()(potential)
+    generators = ChainGenerators(5, [0, 1])
+    estimator.use_streams(generators)
+    positions = torch.tensor([[0.3, -0.2], [1.0, 0.5]])
+    kernel_indices = {"data": torch.zeros(2, 8, dtype=torch.long)}  # what a kernel would pass: replaced
+    from pyro_sgmcmc.chains.minibatch import MinibatchSampler
+
+    expected = MinibatchSampler(
+        potential.subsample_plates, ChainGenerators(5, [MINIBATCH_STREAM_OFFSET + c for c in (0, 1)])
+    )
+    plain = MinibatchGradient(potential)
+    for _ in range(2):
+        u, g = estimator(positions, kernel_indices)
+        u0, g0 = plain(positions, expected.next())
+        assert torch.equal(u, u0) and torch.equal(g, g0)
+
+
+def test_data_parallel_refuses_a_control_variate(one_rank):
+    with pytest.raises(ValueError, match="control_variate='map' needs the full data in one process"):
+        data_parallel(SGLD(model, control_variate="map"))
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("explicit_group", [False, True])
+def test_a_data_parallel_run_resumes_from_its_checkpoint(one_rank, float64, tmp_path, explicit_group):
+    """Interrupted at step 27 (checkpoint of step 20) and run again: it resumes at step 20 (its fingerprint,
+    which describes the DataParallel estimator, is the same, with an explicit process group too) and, with
+    whole shards (no minibatch stream to restart), gives exactly the draws of an uninterrupted run."""
+    x, y = data()
+    path = tmp_path / "dp.ckpt"
+    group = torch.distributed.new_group([0]) if explicit_group else None
+
+    def run(hook=None, checkpoint=True):
+        kernel = SGLD(model, step_size=0.05, adapt_step_size=False, adapt_mass_matrix=False, control_variate=None)
+        data_parallel(kernel, plate="data", group=group)
+        mcmc = MCMC(kernel, num_samples=20, warmup_steps=20, num_chains=2, chain_method="vectorized", seed=4,
+                    disable_progbar=True, hook_fn=hook, **({"checkpoint": CheckpointSettings(path, every=10)}
+                                                           if checkpoint else {}))  # fmt: skip
+        mcmc.run(x, y, x.shape[0])
+        return mcmc.get_samples(group_by_chain=True)["w"]
+
+    def stop(kernel, values, stage, i):
+        if kernel.state.step == 27:
+            raise _Interrupted
+
+    with pytest.raises(_Interrupted):
+        run(stop)
+    steps = []
+    resumed = run(lambda kernel, values, stage, i: steps.append(kernel.state.step - 1))
+    assert steps == list(range(20, 40))
+    assert torch.equal(resumed, run(checkpoint=False))
+
+
+def test_all_reduced_hands_the_streams_on_to_a_sharded_estimator_inside(one_rank, float64):
+    """Composed the other way round, all_reduced(sharded(...)), the sharded estimator still gets the kernel's
+    streams (and so the same minibatches as sharded(all_reduced(...))), and its N reaches the kernel."""
+    x, y = data()
+    made = []
+
+    def factory(potential):
+        made.append(sharded(MinibatchGradient(potential), potential.subsample_plates, num_data=77))
+        return all_reduced(made[-1])
+
+    runs = []
+    for estimator in (factory, None):
+        kernel = SGLD(model, step_size=0.05, adapt_step_size=False, adapt_mass_matrix=False, control_variate=None,
+                      gradient_estimator=estimator, num_data=77)  # fmt: skip
+        if estimator is None:
+            data_parallel(kernel)  # sharded(all_reduced(MinibatchGradient)) with N = the kernel's num_data
+        mcmc = MCMC(kernel, num_samples=10, warmup_steps=0, num_chains=2, chain_method="vectorized", seed=6,
+                    disable_progbar=True)  # fmt: skip
+        mcmc.run(x, y, 10)
+        runs.append(mcmc.get_samples(group_by_chain=True)["w"])
+        assert kernel.run_num_data == 77
+    assert made[0].streams is not None and made[0].sampler is not None
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_the_warmup_measures_the_data_parallel_gradient_noise(one_rank, float64):
+    """The warmup's step-size cap reads the minibatch drift noise through the kernel's estimator. With the data
+    plate hidden from the kernel (the potential factory before), the warmup saw no subsampled plate and took the
+    gradient for exact (noise 0, no cap); now it sees the plate and measures the sharded estimate's noise."""
+    x, y = data()
+    kernel = data_parallel(SGLD(model))
+    mcmc = MCMC(kernel, num_samples=2, warmup_steps=40, num_chains=2, chain_method="vectorized", seed=1,
+                disable_progbar=True)  # fmt: skip
+    mcmc.run(x, y, 10)
+    assert [p.name for p in kernel.warmup.context.plates] == ["data"]
+    noise, evaluations = kernel.warmup.probes.drift_noise_covariance(kernel.state.position)
+    assert evaluations > 0 and bool((noise.diagonal(dim1=-2, dim2=-1) > 0).all())
