@@ -13,8 +13,12 @@ nested :func:`torch.func.vmap`, the inner one over the combinations with the lat
 outer one over the draws with the indices shared, so that, for a regression, the ``K B`` rows of data meet
 the ``D`` parameter vectors in one matrix product. ``K`` is chosen so that one site's block holds at most
 :data:`ELEMENTS_PER_CALL` values: the memory a call needs is bounded whatever ``N`` and the number of draws.
-A model that cannot run under vmap is evaluated combination by combination, then draw by draw (slower,
-same values). Everything is computed in the model's own dtype (float32 data give a float32 log-likelihood).
+The log-likelihood's calls are recorded once per shape of block as the list of operators they ran, checked
+bit for bit against a second call of the model, and replayed (:mod:`~pyro_sgmcmc.export.replay`): Pyro,
+the model's Python and vmap's batching rules then run twice per shape, not at every block. A model whose
+recording is refused (random numbers, a value read to Python) is called at every block, as before. A model
+that cannot run under vmap is evaluated combination by combination, then draw by draw (slower, same
+values). Everything is computed in the model's own dtype (float32 data give a float32 log-likelihood).
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ from .replay import ReplayedCalls
 
 __all__ = ["ELEMENTS_PER_CALL", "FullData", "SiteLayout"]
 
-#: values of one site per vectorised model call: large enough that Pyro's per-call overhead (a trace, a few
-#: ms) is small against the call's work, small enough that a call's intermediates stay in the tens of MB.
-#: Measured on a logistic regression (2,000 draws x 20,000 data, float32, one thread): 2^19 and 2^20 take the
-#: least CPU time (2^17: 1.6x, 2^21: 1.1x); the peak memory over the 160 MB output was 1.2x at 2^19, 1.85x at 2^21
+#: values of one site per vectorised model call: small enough that a block's intermediates (2^17 float32 values:
+#: 0.5 MB each) stay in a core's cache, large enough that the per-call work outside the operators (a replay's
+#: dispatch, the placement of the block) stays small. Measured with the replay on the benchmark's logistic
+#: regression (benchmarks/loglik_export.py's model, 2,048 draws x 20,000 data, float32, one thread, output pages
+#: already touched, 2026-11-27, load 2.3; CPU ns a value, best of 3): 2^15 9.6, 2^16 8.0, 2^17 6.9 (7.3 with 256
+#: draws a call), 2^18 8.2, 2^19 11.3. The peak memory over a 128 MB output stays below 1.3x
 ELEMENTS_PER_CALL = 2**17
 
 #: ``"log_likelihood"``: ``fn.log_prob(value)`` of each observed site (unscaled, unmasked, as Pyro's trace's
@@ -137,7 +143,9 @@ class FullData:
         draws = self.draws_per_call(quantity, chunk_size)
         per_call = ELEMENTS_PER_CALL // (self._per_combination(quantity) * draws)
         combinations = max(1, min(self.num_combinations, per_call))
-        evaluator = self._evaluators.setdefault(quantity, _Evaluator(self, quantity))
+        if quantity not in self._evaluators:
+            self._evaluators[quantity] = _Evaluator(self, quantity)
+        evaluator = self._evaluators[quantity]
         blocks = []  # the same chunk combinations for every block of draws: their rows and places, found once
         for first in range(0, self.num_combinations, combinations):
             rows = self._rows(first, min(first + combinations, self.num_combinations))

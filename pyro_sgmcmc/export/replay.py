@@ -37,6 +37,9 @@ from .._compat import EagerDispatchMode
 
 __all__ = ["Program", "ReplayedCalls", "record"]
 
+#: runs of a compiled replay compared with the model before it is trusted
+COMPILED_CHECKS = 3
+
 _REFUSED_TAGS = {
     torch.Tag.nondeterministic_seeded: "draws random numbers",
     torch.Tag.dynamic_output_shape: "has an output shape that depends on the values",
@@ -176,11 +179,12 @@ class ReplayedCalls:
 
 def _trusted(program: Program, inputs: List[torch.Tensor], expected: Dict[str, torch.Tensor]) -> Optional[Callable]:
     """The fastest replay of ``program`` that gives ``expected`` at ``inputs`` bit for bit: compiled by
-    :func:`torch.jit.trace`, else in Python; ``None`` if neither does."""
-    for replay in (program.compiled(*inputs), program):
-        if replay is not None and _equal(replay(*inputs), expected):
-            return replay
-    return None
+    :func:`torch.jit.trace`, else in Python; ``None`` if neither does. The compiled one is run
+    :data:`COMPILED_CHECKS` times (TorchScript optimises a graph after its first runs)."""
+    compiled = program.compiled(*inputs)
+    if compiled is not None and all(_equal(compiled(*inputs), expected) for _ in range(COMPILED_CHECKS)):
+        return compiled
+    return program if _equal(program(*inputs), expected) else None
 
 
 def _equal(got: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> bool:
@@ -201,8 +205,10 @@ class _Recorder(EagerDispatchMode):
         self.steps: List[Tuple[Any, tuple, dict, tuple]] = []
         self.refused: Optional[str] = None
         self.constant_views: set = set()
+        self.root: Dict[int, int] = {}  # slot -> the slot whose memory it aliases (itself if none)
+        self.dependent: set = set()  # roots whose values depend on the call's inputs
         for tensor in inputs:
-            self._new_slot(tensor)
+            self.dependent.add(self._new_slot(tensor))
         self.num_inputs = len(inputs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -218,25 +224,11 @@ class _Recorder(EagerDispatchMode):
     def _write(self, func, args, kwargs, result) -> None:
         if func.namespace not in ("aten", "prims"):
             raise _Refused("is not an ATen operator")
-        reads_inputs = False
-
-        def reference(a):
-            nonlocal reads_inputs
-            if isinstance(a, torch.Tensor):
-                if id(a) in self.slots:
-                    reads_inputs = True
-                    return _Slot(self.slots[id(a)])
-                if id(a) not in self.constant_ids:
-                    self.constant_ids[id(a)] = len(self.constants)
-                    self.constants.append(a)
-                return _Constant(self.constant_ids[id(a)])
-            if isinstance(a, (list, tuple)):
-                return type(a)(reference(b) for b in a)
-            return a
-
-        args_ref, kwargs_ref = reference(args), {k: reference(v) for k, v in kwargs.items()}
+        args_ref, kwargs_ref = self._reference(args), {k: self._reference(v) for k, v in kwargs.items()}
+        read = [r for r in _leaves((args_ref, kwargs_ref)) if isinstance(r, _Slot)]
+        depends = any(self.root[r.index] in self.dependent for r in read)  # on the call's inputs
         for tag, what in _REFUSED_TAGS.items():
-            if tag in func.tags and (tag is torch.Tag.nondeterministic_seeded or reads_inputs):
+            if tag in func.tags and (tag is torch.Tag.nondeterministic_seeded or depends):
                 if not (tag is torch.Tag.dynamic_output_shape and _integer_indexing(func, args)):
                     raise _Refused(what)
         written = ()
@@ -247,10 +239,30 @@ class _Recorder(EagerDispatchMode):
         if any(self._read_only(w) for w in written):
             raise _Refused("writes into a tensor that existed before the call")
         results = result if isinstance(result, (tuple, list)) else (result,)
-        outputs = tuple(self._slot_of(r) if isinstance(r, torch.Tensor) else None for r in results)
-        if func.is_view and args_ref and self._read_only(args_ref[0]):
-            self.constant_views.update(o for o in outputs if o is not None)  # a view of a constant: read only too
-        self.steps.append((func, args_ref, kwargs_ref, outputs))
+        outputs = [self._slot_of(r) for r in results if isinstance(r, torch.Tensor)]
+        base = args_ref[0] if args_ref else None
+        for slot in outputs if func.is_view else ():
+            if isinstance(base, _Slot):  # an alias shares its base's memory, hence its dependence on the inputs
+                self.root[slot] = self.root[base.index]
+            if self._read_only(base):  # a view of a constant: read only too
+                self.constant_views.add(slot)
+        if depends:  # what an operator writes or makes from the inputs depends on them, and so do its aliases
+            self.dependent.update(self.root[w.index] for w in (*written, *map(_Slot, outputs)) if isinstance(w, _Slot))
+        self.steps.append((func, args_ref, kwargs_ref, tuple(self._slot_of(r) if isinstance(r, torch.Tensor) else None
+                                                             for r in results)))  # fmt: skip
+
+    def _reference(self, a):
+        """``a`` with each tensor replaced by its :class:`_Slot`, or a new or known :class:`_Constant`."""
+        if isinstance(a, torch.Tensor):
+            if id(a) in self.slots:
+                return _Slot(self.slots[id(a)])
+            if id(a) not in self.constant_ids:
+                self.constant_ids[id(a)] = len(self.constants)
+                self.constants.append(a)
+            return _Constant(self.constant_ids[id(a)])
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._reference(b) for b in a)
+        return a
 
     def _read_only(self, reference) -> bool:
         if isinstance(reference, _Slot):
@@ -261,9 +273,10 @@ class _Recorder(EagerDispatchMode):
         return self.slots[id(tensor)] if id(tensor) in self.slots else self._new_slot(tensor)
 
     def _new_slot(self, tensor: torch.Tensor) -> int:
-        self.slots[id(tensor)] = len(self.alive)
+        slot = self.slots[id(tensor)] = len(self.alive)
+        self.root[slot] = slot
         self.alive.append(tensor)
-        return self.slots[id(tensor)]
+        return slot
 
     def reference_output(self, tensor: torch.Tensor):
         if id(tensor) in self.slots:

@@ -88,6 +88,27 @@ def test_log_likelihood_equals_pyro_trace_of_every_draw(run64, monkeypatch, elem
     np.testing.assert_array_equal(idata.observed_data["pair"].values, data[2].numpy())
 
 
+def test_replayed_blocks_give_the_model_s_own_values_bit_for_bit(run64, monkeypatch):
+    # 200 values a call: 45 data in chunks of 10 (5 chunks, the last overlapping) and 4 draws a call, so each shape
+    # of block comes back and is replayed (export/replay.py) after its recording and its check
+    mcmc, _ = run64
+    monkeypatch.setattr(pointwise, "ELEMENTS_PER_CALL", 200)
+    made = []
+
+    class Spied(pointwise.ReplayedCalls):
+        def __init__(self, evaluate):
+            super().__init__(evaluate)
+            made.append(self)
+
+    monkeypatch.setattr(pointwise, "ReplayedCalls", Spied)
+    replayed = to_inference_data(mcmc, log_likelihood=True, chunk_size=4)
+    assert made and any(callable(r) for r in made[0].replays.values()) and not made[0].why_not
+    monkeypatch.setattr(pointwise, "ReplayedCalls", lambda evaluate: evaluate)  # the model at every block
+    direct = to_inference_data(mcmc, log_likelihood=True, chunk_size=4)
+    for site in ("y", "pair"):
+        np.testing.assert_array_equal(replayed.log_likelihood[site].values, direct.log_likelihood[site].values)
+
+
 def test_float32_data_give_a_float32_log_likelihood_unless_asked():
     data = _data(torch.float32)
     mcmc = _run(data)
