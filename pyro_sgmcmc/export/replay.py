@@ -1,28 +1,31 @@
 """One vectorised evaluation recorded as the list of ATen operators it ran, and replayed without Python, Pyro or vmap.
 
 Running the model under two nested :func:`torch.func.vmap` pays, at every call, for Pyro's handlers, the
-model's Python and vmap's batching rules (which also move the batch dims and copy); on a logistic regression
-this is more than half of the export's time. The operators that reach the CPU kernels are the same at every
-call of the same block shape: :func:`record` runs the call once under a
-dispatch mode (:class:`torch.utils._python_dispatch.TorchDispatchMode`) that sits below vmap, so that it sees the plain
+model's Python and vmap's batching rules; on the logistic regression of ``benchmarks/loglik_export.py`` this
+was more than half of the export's time. The operators that reach the kernels are the same at every call of
+the same block shape: :func:`record` runs the call once under a dispatch mode
+(:class:`torch.utils._python_dispatch.TorchDispatchMode`) that sits below vmap, so that it sees the plain
 operators vmap's rules emit, and writes them down as a :class:`Program`: ``(operator, arguments)`` steps whose
-tensor arguments are the call's inputs, earlier steps' outputs, or constants (the data, read by reference, never
-copied). :meth:`Program.compiled` records the replay once more with :func:`torch.jit.trace`, which runs the
-steps from C++ (about 1 us an operator instead of 3-4).
+tensor arguments are the call's inputs, earlier steps' outputs, or constants (the data, read where they lie,
+never copied). :meth:`Program.compiled` records the replay once more with :func:`torch.jit.trace`, which runs
+the steps from C++; measured on that regression (blocks of 64 draws x 2,000 data, float32, one thread,
+2026-11-27): 5.4 ns a value against 10.2 for the Python replay and 10.1 for the model under vmap, and no page
+fault per call against 72 for the Python replay, whose freed intermediates the C allocator hands back.
 
 A recording is refused (``None``, with the reason) when a replay could differ from a new run of the model:
 
 * an operator that draws random numbers (``nondeterministic_seeded``);
-* an operator whose result's shape or a Python value depends on the call's inputs (``dynamic_output_shape``,
-  ``data_dependent_output``: ``nonzero``, ``.item()``; on constants they are replayed as recorded);
-* an operator that writes into a constant (``inplace``, ``out``), or one from outside ATen (a custom
-  operator, whose side effects are unknown);
+* an operator whose result's shape or a Python value depends on the call's inputs, directly or through a
+  tensor an input was written into (``dynamic_output_shape``, ``data_dependent_output``: ``x[mask]``,
+  ``nonzero``, ``.item()``; integer indexing, and reads of constants, are replayed as recorded);
+* an operator that writes into a constant or a view of one (``inplace``, ``out``), or one from outside ATen (a
+  custom operator, whose side effects are unknown);
 * an output that no recorded operator made.
 
 Python branches on the inputs' values are not seen by the recorder, but vmap refuses them (a batched tensor
-cannot be read to the host), so the call being recorded could not have taken one. What a replay is still
-trusted with is checked by its user (:mod:`~pyro_sgmcmc.export.pointwise`): a second block is evaluated both
-ways and must agree bit for bit.
+cannot be read to the host), so the call being recorded could not have taken one. A model whose values change
+between calls for another reason (a global it mutates) is what the last check is for: :class:`ReplayedCalls`
+evaluates a second block both ways and trusts a replay only if the two agree bit for bit.
 """
 
 from __future__ import annotations
