@@ -23,9 +23,13 @@ dtype, and the peak memory growth of the export: the process's peak resident set
 current one by writing 5 to ``/proc/self/clear_refs`` just before the export, and the growth is ``VmHWM``
 after minus ``VmRSS`` before (the promise: at most 1.5x the log-likelihood's bytes). ArviZ is imported
 before the export is timed (its import takes seconds and is not the export's). The load average before and
-after each case is written beside it. Both run on ``--threads`` torch threads, one by default: on a
-shared, loaded machine torch's parallel operators (the export's are large, the sampling step's small) spend
-their time waiting for each other's threads, which measures the machine, not the code; the CPU-time ratio is
+after each case is written beside it. So is the floor under the export's time: allocating and filling a
+fresh array of the log-likelihood's size just after the export (its output still held), with the CPU ratio
+of the export above that floor; and the same export run again in the process once the floor's array is
+freed (its output then lands mostly on pages the process has touched before): the code's own cost, the
+machine's first touch aside. Both run on ``--threads`` torch threads, one by default: on a shared, loaded
+machine torch's parallel operators (the export's are large, the sampling step's small) spend their time
+waiting for each other's threads, which measures the machine, not the code; the CPU-time ratio is
 the steadier figure.
 
 Run::
@@ -87,6 +91,21 @@ def _status(field: str) -> int:
     raise KeyError(field)
 
 
+def first_touch(shape, dtype) -> dict:
+    """Seconds (wall, CPU) to allocate and fill a fresh array of the log-likelihood's shape and dtype, while the
+    export's own is still held (so that its memory is not handed back): the floor under any export that writes
+    its output once. On the virtual machine of these measurements, memory a process touches for the first time
+    can cost several ns a value (the host backs the guest's pages lazily), and how much varies from run to run."""
+    import numpy as np
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    array = np.empty(shape, dtype=dtype)
+    array.fill(0)
+    result = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+    del array
+    return result
+
+
 def measure(case: str, threads: int) -> dict:
     """One case, in this process, on ``threads`` torch threads: the sampling run, then the export, timed, with
     the export's peak memory."""
@@ -119,6 +138,12 @@ def measure(case: str, threads: int) -> dict:
     export = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
     values = idata.log_likelihood["y"].values
     growth = _status("VmHWM") - before if resettable else None
+    floor = first_touch(values.shape, values.dtype)
+    # the same export again, the floor's pages just handed back: what the export costs when its output's memory
+    # is not touched for the first time (the code's own cost, without the machine's first touch)
+    wall, cpu = time.perf_counter(), time.process_time()
+    to_inference_data(mcmc, log_likelihood=True)
+    again = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
     return {
         "case": case,
         **size,
@@ -131,6 +156,10 @@ def measure(case: str, threads: int) -> dict:
         "log_likelihood_dtype": str(values.dtype),
         "peak_growth_bytes": growth,
         "peak_growth_over_output": None if growth is None else growth / values.nbytes,
+        "first_touch_floor": floor,
+        "ratio_cpu_above_floor": (export["cpu_s"] - floor["cpu_s"]) / sampling["cpu_s"],
+        "export_again": again,
+        "ratio_cpu_again": again["cpu_s"] / sampling["cpu_s"],
         "load_average_before": load_before,
         "load_average_after": harness.load_average(),
     }
@@ -166,6 +195,9 @@ def main() -> None:
             f" wall, {result['ratio_cpu']:.3f} CPU); log-likelihood {result['log_likelihood_bytes'] / 1e6:.0f} MB "
             f"{result['log_likelihood_dtype']}, peak growth "
             + ("n/a" if growth is None else f"{growth:.2f}x")
+            + f"; first touch of as many fresh bytes {result['first_touch_floor']['cpu_s']:.2f} s CPU (export above it:"
+            f" {result['ratio_cpu_above_floor']:.3f} of the run); the export again "
+            f"{result['export_again']['cpu_s']:.2f} s CPU ({result['ratio_cpu_again']:.3f} of the run)"
             + f"; load {result['load_average_before']} -> {result['load_average_after']}"
         )
     results["log"] = log.lines

@@ -132,6 +132,22 @@ class AutoGuideInternals:
 
 # ---------------------------------------------------------------------------- run room
 # (pyro_sgmcmc.mcmc, pyro_sgmcmc.export, pyro_sgmcmc.distributed, pyro_sgmcmc.diagnostics)
+#
+# 1. ``TorchDispatchMode._should_skip_dynamo`` (overridden, not read): ``TorchDispatchMode.__init_subclass__``
+#    wraps a subclass's ``__torch_dispatch__`` in ``torch._disable_dynamo``, whose first call imports
+#    ``torch._dynamo`` (1.1 s of CPU on the 2-core machine, measured, against an export of issue 26's case of about
+#    1 s); a subclass whose ``_should_skip_dynamo`` returns False is left unwrapped, as that method's docstring
+#    describes. Public alternative: none (a classmethod ``__torch_dispatch__`` keeps no state per recording).
+#    Used by the export's operator recorder (:mod:`pyro_sgmcmc.export.replay`), which compiles nothing.
+
+
+class EagerDispatchMode(TorchDispatchMode):
+    """A :class:`TorchDispatchMode` base whose subclasses' ``__torch_dispatch__`` is not wrapped for Dynamo (entry
+    1 of the run room): entering one does not import ``torch._dynamo``."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
 
 
 # ---------------------------------------------------------------------------- kernels room: the MAP search

@@ -13,8 +13,12 @@ nested :func:`torch.func.vmap`, the inner one over the combinations with the lat
 outer one over the draws with the indices shared, so that, for a regression, the ``K B`` rows of data meet
 the ``D`` parameter vectors in one matrix product. ``K`` is chosen so that one site's block holds at most
 :data:`ELEMENTS_PER_CALL` values: the memory a call needs is bounded whatever ``N`` and the number of draws.
-A model that cannot run under vmap is evaluated combination by combination, then draw by draw (slower,
-same values). Everything is computed in the model's own dtype (float32 data give a float32 log-likelihood).
+The log-likelihood's calls are recorded once per shape of block as the list of operators they ran, checked
+bit for bit against a second call of the model, and replayed (:mod:`~pyro_sgmcmc.export.replay`): Pyro,
+the model's Python and vmap's batching rules then run twice per shape, not at every block. A model whose
+recording is refused (random numbers, a value read to Python) is called at every block, as before. A model
+that cannot run under vmap is evaluated combination by combination, then draw by draw (slower, same
+values). Everything is computed in the model's own dtype (float32 data give a float32 log-likelihood).
 """
 
 from __future__ import annotations
@@ -30,14 +34,18 @@ import torch
 
 from ..model import PlateChunks, trace_at
 from ..model.compiled import out_of_memory
+from .placement import Placement
+from .replay import ReplayedCalls
 
 __all__ = ["ELEMENTS_PER_CALL", "FullData", "SiteLayout"]
 
-#: values of one site per vectorised model call: large enough that Pyro's per-call overhead (a trace, a few
-#: ms) is small against the call's work, small enough that a call's intermediates stay in the tens of MB.
-#: Measured on a logistic regression (2,000 draws x 20,000 data, float32, one thread): 2^19 and 2^20 take the
-#: least CPU time (2^17: 1.6x, 2^21: 1.1x); the peak memory over the 160 MB output was 1.2x at 2^19, 1.85x at 2^21
-ELEMENTS_PER_CALL = 2**19
+#: values of one site per vectorised model call: small enough that a block's intermediates (2^17 float32 values:
+#: 0.5 MB each) stay in a core's cache, large enough that the per-call work outside the operators (a replay's
+#: dispatch, the placement of the block) stays small. Measured with the replay on the benchmark's logistic
+#: regression (benchmarks/loglik_export.py's model, 2,048 draws x 20,000 data, float32, one thread, output pages
+#: already touched, 2026-11-27, load 2.3; CPU ns a value, best of 3): 2^15 9.6, 2^16 8.0, 2^17 6.9 (7.3 with 256
+#: draws a call), 2^18 8.2, 2^19 11.3. The peak memory over a 128 MB output stays below 1.3x
+ELEMENTS_PER_CALL = 2**17
 
 #: ``"log_likelihood"``: ``fn.log_prob(value)`` of each observed site (unscaled, unmasked, as Pyro's trace's
 #: ``unscaled_log_prob``); ``"posterior_predictive"``: a fresh draw of each observed site (model unconditioned);
@@ -82,6 +90,7 @@ class FullData:
         self.plates = list(potential.subsample_plates)
         self._tables = [PlateChunks(plate, potential.device).rows() for plate in self.plates]
         self.num_combinations = math.prod(len(table) for table in self._tables)
+        self._evaluators: Dict[str, _Evaluator] = {}  # per quantity, kept: its replays and its fallbacks
         trace = self.trace(position, self._rows(0, 1, squeeze=True))
         plate_names = {plate.name for plate in self.plates}
         self.observed: List[str] = [
@@ -134,15 +143,20 @@ class FullData:
         draws = self.draws_per_call(quantity, chunk_size)
         per_call = ELEMENTS_PER_CALL // (self._per_combination(quantity) * draws)
         combinations = max(1, min(self.num_combinations, per_call))
-        evaluator = _Evaluator(self, quantity)
+        if quantity not in self._evaluators:
+            self._evaluators[quantity] = _Evaluator(self, quantity)
+        evaluator = self._evaluators[quantity]
+        blocks = []  # the same chunk combinations for every block of draws: their rows and places, found once
+        for first in range(0, self.num_combinations, combinations):
+            rows = self._rows(first, min(first + combinations, self.num_combinations))
+            blocks.append((rows, {name: Placement.of(layout, rows) for name, layout in layouts.items()}))
         with pyro.validation_enabled(False), torch.no_grad():
             for start in range(0, positions.shape[0], draws):
                 block = positions[start : start + draws]
-                for first in range(0, self.num_combinations, combinations):
-                    rows = self._rows(first, min(first + combinations, self.num_combinations))
+                for rows, places in blocks:
                     values = evaluator(block, rows)
-                    for name, layout in layouts.items():
-                        _scatter(targets[name][start : start + block.shape[0]], values[name], layout, rows)
+                    for name, place in places.items():
+                        place.write(targets[name][start : start + block.shape[0]], values[name])
 
     # ------------------------------------------------------------------ pieces
     def _rows(self, first: int, stop: int, squeeze: bool = False) -> Dict[str, torch.Tensor]:
@@ -181,7 +195,10 @@ class _Evaluator:
             def both(positions, rows):
                 return {k: v.unsqueeze(1) for k, v in over_draws(positions, rows).items()}
 
-        self.strategies: List[Callable] = [both, self._over_draws(over_draws), self._one_by_one]
+        # the log-likelihood is a function of the draw and the data alone: its vectorised calls are recorded and
+        # replayed (module docstring); the posterior predictive draws random numbers, which a replay must not fix
+        first = ReplayedCalls(both) if quantity == "log_likelihood" else both
+        self.strategies: List[Callable] = [first, self._over_draws(over_draws), self._one_by_one]
 
     def one(self, position: torch.Tensor, indices: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         trace = self.full.trace(position, indices, self.model)
@@ -227,34 +244,6 @@ class _Evaluator:
 
 def _count(rows: Mapping[str, torch.Tensor]) -> int:
     return next(iter(rows.values())).shape[0] if rows else 1
-
-
-def _scatter(target: torch.Tensor, values: torch.Tensor, layout: SiteLayout, rows: Dict[str, torch.Tensor]) -> None:
-    """``target[d, rows...] = values[d, k, ...]``: a block ``(D, K, *minibatch shape)`` written at its
-    draws and its combinations' data indices in ``target`` ``(D, *layout.shape)``.
-
-    When the site has one subsampled plate, the only one, and the block's chunks follow each other (all
-    but the overlapping last chunk do), the block is one slice of that axis: a plain copy, no index."""
-    plates = [plate for plate in layout.plate_axes if plate is not None]
-    if len(plates) == 1 and len(rows) == 1:
-        axis = layout.plate_axes.index(plates[0])
-        chunk = rows[plates[0]]
-        first = int(chunk[0, 0])
-        if bool((chunk.reshape(-1) == torch.arange(first, first + chunk.numel(), device=chunk.device)).all()):
-            merged = values.movedim(1, 1 + axis).flatten(1 + axis, 2 + axis)  # (D, ..., K B, ...)
-            target.narrow(1 + axis, first, chunk.numel()).copy_(merged)
-            return
-    ndim = 2 + len(layout.shape)
-    index: List[torch.Tensor] = [torch.arange(values.shape[0], device=values.device).view(-1, *[1] * (ndim - 1))]
-    for axis, plate in enumerate(layout.plate_axes):
-        shape = [1] * ndim
-        if plate is None:
-            shape[2 + axis] = layout.shape[axis]
-            index.append(torch.arange(layout.shape[axis], device=values.device).view(shape))
-        else:
-            shape[1], shape[2 + axis] = rows[plate].shape
-            index.append(rows[plate].view(shape))
-    target.index_put_(tuple(i.to(target.device) for i in index), values.to(target.device, target.dtype))
 
 
 def _layout(name: str, site, tensor: torch.Tensor, sizes: Mapping[str, int]) -> SiteLayout:

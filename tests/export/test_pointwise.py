@@ -88,6 +88,83 @@ def test_log_likelihood_equals_pyro_trace_of_every_draw(run64, monkeypatch, elem
     np.testing.assert_array_equal(idata.observed_data["pair"].values, data[2].numpy())
 
 
+def test_replayed_blocks_give_the_model_s_own_values_bit_for_bit(run64, monkeypatch):
+    # 200 values a call: 45 data in chunks of 10 (5 chunks, the last overlapping) and 4 draws a call, so each shape
+    # of block comes back and is replayed (export/replay.py) after its recording and its check
+    mcmc, _ = run64
+    monkeypatch.setattr(pointwise, "ELEMENTS_PER_CALL", 200)
+    made = []
+
+    class Spied(pointwise.ReplayedCalls):
+        def __init__(self, evaluate):
+            super().__init__(evaluate)
+            made.append(self)
+
+    monkeypatch.setattr(pointwise, "ReplayedCalls", Spied)
+    replayed = to_inference_data(mcmc, log_likelihood=True, chunk_size=4)
+    assert made and any(callable(r) for r in made[0].replays.values()) and not made[0].why_not
+    monkeypatch.setattr(pointwise, "ReplayedCalls", lambda evaluate: evaluate)  # the model at every block
+    direct = to_inference_data(mcmc, log_likelihood=True, chunk_size=4)
+    for site in ("y", "pair"):
+        np.testing.assert_array_equal(replayed.log_likelihood[site].values, direct.log_likelihood[site].values)
+
+
+def _categorical(x, labels):
+    W = pyro.sample("W", dist.Normal(x.new_zeros(3, 4), 1.0).to_event(2))
+    with pyro.plate("data", x.shape[0], subsample_size=10) as i:
+        pyro.sample("y", dist.Categorical(logits=x[i] @ W), obs=labels[i])
+
+
+def _hierarchical_student(x, group, y):
+    a = pyro.sample("a", dist.Normal(x.new_zeros(5), 1.0).to_event(1))
+    nu = pyro.sample("nu", dist.Gamma(x.new_tensor(2.0), 0.1))
+    with pyro.plate("data", x.shape[0], subsample_size=10) as i:
+        with poutine.scale(scale=2.0):  # a scale and a mask: the log-likelihood is unscaled, unmasked
+            pyro.sample("y", dist.StudentT(nu, a[group[i]] + x[i, 0], 1.0).mask(i % 3 > 0), obs=y[i])
+
+
+def _two_plates(ratings):
+    U = pyro.sample("U", dist.Normal(ratings.new_zeros(9, 2), 1.0).to_event(2))
+    V = pyro.sample("V", dist.Normal(ratings.new_zeros(7, 2), 1.0).to_event(2))
+    with pyro.plate("rows", 9, subsample_size=4, dim=-2) as r, pyro.plate("cols", 7, subsample_size=3, dim=-1) as c:
+        pyro.sample("y", dist.Normal(U[r] @ V[c].T, 0.5), obs=ratings[r][:, c])
+
+
+def _families():
+    x, y, _ = _data()
+    g = torch.Generator().manual_seed(3)
+    labels = torch.randint(0, 4, (N,), generator=g)
+    group = torch.randint(0, 5, (N,), generator=g)
+    return {
+        "categorical": (_categorical, (x, labels)),
+        "hierarchical-student-t-masked-scaled": (_hierarchical_student, (x, group, y)),
+        "two-subsampled-plates": (_two_plates, (torch.randn(9, 7, generator=g, dtype=torch.float64),)),
+    }
+
+
+@pytest.mark.parametrize("family", list(_families()))
+def test_other_likelihoods_are_replayed_and_equal_the_model_bit_for_bit(family, monkeypatch):
+    # the replay is a general mechanism: a softmax likelihood (log_softmax and a gather), a hierarchical Student-t
+    # indexing a latent vector by the data, under a mask and a scale, and two subsampled plates (overlapping last
+    # chunks of both, placed by index) are all recorded, trusted and replayed, with the model's own values
+    model_, data = _families()[family]
+    mcmc = _run(data, model_, num_chains=2, num_samples=8)
+    monkeypatch.setattr(pointwise, "ELEMENTS_PER_CALL", 60)
+    made = []
+
+    class Spied(pointwise.ReplayedCalls):
+        def __init__(self, evaluate):
+            super().__init__(evaluate)
+            made.append(self)
+
+    monkeypatch.setattr(pointwise, "ReplayedCalls", Spied)
+    replayed = to_inference_data(mcmc, log_likelihood=True, chunk_size=3)
+    assert any(callable(r) for r in made[0].replays.values()) and not made[0].why_not
+    monkeypatch.setattr(pointwise, "ReplayedCalls", lambda evaluate: evaluate)
+    direct = to_inference_data(mcmc, log_likelihood=True, chunk_size=3)
+    np.testing.assert_array_equal(replayed.log_likelihood["y"].values, direct.log_likelihood["y"].values)
+
+
 def test_float32_data_give_a_float32_log_likelihood_unless_asked():
     data = _data(torch.float32)
     mcmc = _run(data)
