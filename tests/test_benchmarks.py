@@ -125,3 +125,16 @@ def test_cyclical_digits_benchmark_runs_at_tiny_size_at_an_equal_budget(tmp_path
         assert 0 <= row["auroc_total"] <= 1, name
         assert (row["auroc_epistemic"] is None) == (row["num_draws"] == 1), name
     assert meta["cpu_seconds"] < 60  # the script's promise for --tiny, in CPU time (wall time depends on the load)
+
+
+def test_step_parts_times_the_noise_the_divergence_rule_and_pyros_logging(tmp_path):
+    out = tmp_path / "step_parts.json"
+    done = _run([str(ROOT / "benchmarks" / "step_parts.py"), "--tiny", "--out", str(out)], tmp_path, 180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert {"date_utc", "machine", "load_average"} <= set(results["context"])
+    for entry in results["chains"].values():
+        assert set(entry["noise_us"]) == {"keyed Philox", "one normal_", "difference"}
+        assert set(entry["divergence_rule_us"]) == {"step", "step, rule = identity", "difference"}
+        assert entry["noise_us"]["keyed Philox"] > 0 and entry["divergence_rule_us"]["step"] > 0
+    assert results["pyro_logging_us"]["pyro logging hook"] > 0
