@@ -1,8 +1,8 @@
 """Data parallelism as a gradient-estimator value (``distributed/data_parallel.py``, ``distributed/sharded.py``).
 
-In one process, on a real gloo process group of one rank (``P = 1``: the all-reduce is the identity and the
-shard is all the data), so that the composition can be checked exactly and fast; the two-rank behaviour is
-``test_distributed.py``'s.
+In one process, on a real gloo process group of one rank (``one_rank``, ``conftest.py``; ``P = 1``: the
+all-reduce is the identity and the shard is all the data), so that the composition can be checked exactly and
+fast; the two-rank behaviour is ``test_distributed.py``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.distributed
 
 from pyro_sgmcmc import MCMC, SGLD, CheckpointSettings, ModelPotential
 from pyro_sgmcmc.chains.streams import ChainGenerators
-from pyro_sgmcmc.distributed import DataParallel, ShardedMinibatches, data_parallel, free_port, sharded
+from pyro_sgmcmc.distributed import DataParallel, ShardedMinibatches, data_parallel, sharded
 from pyro_sgmcmc.distributed.sharded import MINIBATCH_STREAM_OFFSET
 from pyro_sgmcmc.distributed.sharded_potential import ShardedPotential
 from pyro_sgmcmc.kernels.gradients import MinibatchGradient, all_reduced
@@ -31,18 +31,6 @@ def data():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(40, 2, generator=g, dtype=torch.float64)
     return x, x @ torch.tensor([1.0, -1.0], dtype=torch.float64) + torch.randn(40, generator=g, dtype=torch.float64)
-
-
-@pytest.fixture
-def one_rank():
-    """A gloo process group of one rank for the test, destroyed after it."""
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )  # fmt: skip
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def test_data_parallel_sets_the_estimator_not_the_potential(one_rank):
