@@ -8,6 +8,8 @@ the defaults (before, data parallelism turned the control variate off and adapte
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -148,7 +150,7 @@ def two_rank_job():
     mcmc.run(*shard((x, y)), 10)
     estimator = kernel.gradient_estimator
     kept = isinstance(estimator, ControlVariate) and isinstance(estimator.potential, ShardedPotential)
-    centre = estimator.centre if kept else None
+    centre = (estimator.centre, estimator.centre_potential, estimator.centre_grad) if kept else None
     return mcmc.get_samples(group_by_chain=True)["w"], kernel.warmup.chain_step_size, kept, centre
 
 
@@ -160,11 +162,21 @@ def test_two_ranks_agree_and_sample_the_regression_posterior_on_the_defaults(flo
     ranks = launch(two_rank_job, nprocs=2, timeout=LAUNCH_TIMEOUT)
     (draws, step, kept, centre), other = ranks
     assert kept and other[2]
-    assert torch.equal(centre, other[3]) and torch.equal(step, other[1]) and torch.equal(draws, other[0])
+    assert all(torch.equal(a, b) for a, b in zip(centre, other[3]))
+    assert torch.equal(step, other[1]) and torch.equal(draws, other[0])
 
     x, y = regression_data()
     covariance = torch.linalg.inv(torch.eye(2, dtype=x.dtype) + x.T @ x)  # prior N(0, I), noise sd 1
     mean, sd = covariance @ x.T @ y, covariance.diagonal().sqrt()
+    # the centre's full-data values are the global potential's, the prior once and both shards' likelihoods
+    # (exact up to round-off: U(c) = |c|^2 / 2 + |y - X c|^2 / 2 + (N + 2) log(2 pi) / 2); a prior counted on
+    # each rank would be off by |c|^2 / 2 = 0.6 nats, a shard's likelihood alone by hundreds
+    c, potential, grad = centre
+    exact_grad = c + x.T @ (x @ c - y)
+    exact_potential = 0.5 * (c @ c) + 0.5 * ((y - x @ c) ** 2).sum() + 0.5 * (len(y) + 2) * math.log(2 * math.pi)
+    assert torch.allclose(grad, exact_grad, rtol=0, atol=1e-9), (grad, exact_grad)
+    assert math.isclose(potential, exact_potential, rel_tol=1e-12), (potential, exact_potential)
+    assert bool(((c - mean).abs() < 0.5 * sd).all())  # the MAP, to within the search's tolerance (0.05 nats)
     flat = draws.reshape(-1, 2)
     ess = torch.as_tensor(az.ess(az.convert_to_dataset({"w": draws.numpy()})).w.values)
     # Monte Carlo error. Measured ESS about 1,600 per coordinate (64 chains x 200 draws; asserted below), so the
