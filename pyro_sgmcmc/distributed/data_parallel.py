@@ -114,14 +114,13 @@ def data_parallel(kernel, plate: Optional[str] = None, group=None):
     docstring), composed with the kernel's own ``gradient_estimator=`` if it has one. ``control_variate="auto"``
     (the default) works as in one process, on the global potential: the centre is the MAP of the prior plus all
     the shards' likelihoods, the decision is made from all-reduced measurements (the same on every rank), and a
-    one-rank run is the one-process run draw for draw.
+    one-rank run is the one-process run draw for draw. So do ``"map"`` (the global MAP) and a dict (a centre
+    given in constrained values, the same on every rank).
 
     Parameters
     ----------
     kernel : SGMCMCKernel
-        The kernel; its ``num_data`` (if given) is the *global* ``N``. Its ``control_variate`` must be
-        ``None`` or ``"auto"``: a fixed centre (``"map"`` or a dict) is set up by the kernel on the rank's own
-        potential, before the estimator exists, so it is refused rather than computed on one shard.
+        The kernel; its ``num_data`` (if given) is the *global* ``N``.
     plate : str, optional
         The name of the sharded data plate (default: the model's only subsampled plate). Observed
         sites inside it are the data; everything outside it (priors, other observed sites) must
@@ -133,8 +132,8 @@ def data_parallel(kernel, plate: Optional[str] = None, group=None):
     -----
     The starting points, given or drawn (from the same ``seed``), must be the same on every rank, and so must
     the seed: both are checked at the first evaluation of each run. Checkpoints resume these runs exactly
-    except for the ranks' minibatch streams, which restart. :func:`~pyro_sgmcmc.to_inference_data` on a rank
-    gives the posterior draws and that rank's shard of the data (``observed_data``, ``log_likelihood``).
+    except for the minibatch streams of the ranks ``r > 0``, which restart. :func:`~pyro_sgmcmc.to_inference_data`
+    on a rank gives the posterior draws and that rank's shard of the data (``observed_data``, ``log_likelihood``).
     """
     from ..kernels.base import SGMCMCKernel
 
@@ -142,12 +141,6 @@ def data_parallel(kernel, plate: Optional[str] = None, group=None):
         raise TypeError(f"data_parallel needs a pyro_sgmcmc kernel (SGLD, SGHMC, SGNHT); got {type(kernel).__name__}")
     if plate is not None and not isinstance(plate, str):
         raise TypeError(f"plate must be the name (str) of the sharded data plate; got {plate!r}")
-    if kernel.control_variate not in (None, "auto"):
-        shown = repr(kernel.control_variate) if isinstance(kernel.control_variate, str) else "a dict"
-        raise ValueError(
-            f"data_parallel: control_variate={shown} is not supported (the kernel would centre it on one shard); "
-            "pass control_variate='auto' (the default: centred at the global MAP when it pays) or None"
-        )
     rank_and_size(group)
     inner = kernel.estimator_factory
     if isinstance(inner, DataParallel):  # made data-parallel again: the new plate and group replace the old

@@ -88,6 +88,24 @@ def test_one_rank_auto_equals_the_plain_run(one_rank, float64, model, make_data,
     assert torch.equal(draws[0], draws[1])
 
 
+@pytest.mark.parametrize("centre", ["map", "dict"])
+def test_one_rank_fixed_control_variate_equals_the_plain_run(one_rank, float64, centre):
+    """A fixed centre ("map": the MAP search on the global potential; a dict) is built on the global potential too,
+    and with one rank the run is the one-process run draw for draw."""
+    args = (*regression_data(), 10)
+    given = {"w": torch.tensor([0.9, -0.4])}
+    draws, kernels = [], []
+    for parallel in (False, True):
+        kernel = SGLD(regression, control_variate="map" if centre == "map" else given)
+        if parallel:
+            data_parallel(kernel)
+        draws.append(_run(kernel, args, 2))
+        kernels.append(kernel)
+    plain, parallel = (kernel.gradient_estimator for kernel in kernels)
+    assert isinstance(parallel.potential, ShardedPotential) and torch.equal(plain.centre, parallel.centre)
+    assert torch.equal(draws[0], draws[1])
+
+
 def test_the_global_potential_of_one_rank_is_the_models(one_rank, float64):
     """Its full-data values are the one-process chunked pass's, and a control variate on it is not replayable
     only with several ranks (a replay would draw another minibatch on ranks > 0)."""
@@ -141,7 +159,7 @@ DRAWS = 200
 
 def two_rank_job():
     """SGHMC on the defaults (auto control variate, adapted step and metric), 200 + 200 steps, each rank half
-    the data and minibatches of B_r = 10."""
+    the data and minibatches of B_r = 10; then the centre of control_variate="map" (no steps)."""
     torch.set_default_dtype(torch.float64)
     x, y = regression_data()
     kernel = data_parallel(SGHMC(regression))
@@ -151,7 +169,11 @@ def two_rank_job():
     estimator = kernel.gradient_estimator
     kept = isinstance(estimator, ControlVariate) and isinstance(estimator.potential, ShardedPotential)
     centre = (estimator.centre, estimator.centre_potential, estimator.centre_grad) if kept else None
-    return mcmc.get_samples(group_by_chain=True)["w"], kernel.warmup.chain_step_size, kept, centre
+    fixed = data_parallel(SGLD(regression, control_variate="map", step_size=1e-3, adapt_step_size=False))
+    MCMC(fixed, num_samples=1, warmup_steps=0, num_chains=2, chain_method="vectorized", seed=1,
+         disable_progbar=True).run(*shard((x, y)), 10)  # fmt: skip
+    draws = mcmc.get_samples(group_by_chain=True)["w"]
+    return draws, kernel.warmup.chain_step_size, kept, centre, fixed.gradient_estimator.centre
 
 
 def test_two_ranks_agree_and_sample_the_regression_posterior_on_the_defaults(float64):
@@ -160,9 +182,9 @@ def test_two_ranks_agree_and_sample_the_regression_posterior_on_the_defaults(flo
     import arviz as az
 
     ranks = launch(two_rank_job, nprocs=2, timeout=LAUNCH_TIMEOUT)
-    (draws, step, kept, centre), other = ranks
+    (draws, step, kept, centre, map_centre), other = ranks
     assert kept and other[2]
-    assert all(torch.equal(a, b) for a, b in zip(centre, other[3]))
+    assert all(torch.equal(a, b) for a, b in zip(centre, other[3])) and torch.equal(map_centre, other[4])
     assert torch.equal(step, other[1]) and torch.equal(draws, other[0])
 
     x, y = regression_data()
@@ -177,6 +199,10 @@ def test_two_ranks_agree_and_sample_the_regression_posterior_on_the_defaults(flo
     assert torch.allclose(grad, exact_grad, rtol=0, atol=1e-9), (grad, exact_grad)
     assert math.isclose(potential, exact_potential, rel_tol=1e-12), (potential, exact_potential)
     assert bool(((c - mean).abs() < 0.5 * sd).all())  # the MAP, to within the search's tolerance (0.05 nats)
+    # control_variate="map": the full search on the global potential ends at its mode, the posterior mean, to
+    # round-off (float64: the search stops at a gradient of 64 eps times the start's); a rank's own shard's MAP
+    # is 1.0 sd (0.05) away, the MAP with the prior counted on both ranks 0.05 sd (2e-3)
+    assert torch.allclose(map_centre, mean, rtol=0, atol=1e-9), (map_centre - mean)
     flat = draws.reshape(-1, 2)
     ess = torch.as_tensor(az.ess(az.convert_to_dataset({"w": draws.numpy()})).w.values)
     # Monte Carlo error. Measured ESS about 1,600 per coordinate (64 chains x 200 draws; asserted below), so the

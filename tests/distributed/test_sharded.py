@@ -101,15 +101,6 @@ def test_sharded_estimator_draws_from_the_ranks_streams(one_rank, float64):
             assert torch.equal(kernel_indices.next()["data"], expected.next()["data"])  # rank 0's stream: (5, c)
 
 
-def test_data_parallel_refuses_a_fixed_control_variate(one_rank):
-    """A fixed centre is set up by the kernel on the rank's own potential (before the estimator exists): refused,
-    not computed on one shard; "auto" is the data-parallel control variate."""
-    with pytest.raises(ValueError, match="control_variate='map' is not supported"):
-        data_parallel(SGLD(model, control_variate="map"))
-    with pytest.raises(ValueError, match="control_variate=a dict is not supported"):
-        data_parallel(SGLD(model, control_variate={"w": torch.zeros(2)}))
-
-
 class _Interrupted(Exception):
     pass
 
