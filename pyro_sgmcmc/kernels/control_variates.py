@@ -199,8 +199,7 @@ class ControlVariate:
         potential_value, grad = full_data_potential_and_grad(potential, position)
         if not (bool(torch.isfinite(potential_value)) and bool(torch.isfinite(grad).all())):
             raise ValueError("control_variate: the full-data potential or gradient at the centre is not finite")
-        self.potential = potential
-        self.replayable = getattr(potential, "replayable", True)  # a function of (positions, indices), if its is
+        self._use(potential)
         self.centre = position
         self.centre_potential = potential_value
         self.centre_grad = grad
@@ -209,10 +208,16 @@ class ControlVariate:
     def from_state_dict(cls, potential: ModelPotential, saved: dict, device: torch.device) -> "ControlVariate":
         """The control variate a checkpoint saved (no full-data pass)."""
         self = cls.__new__(cls)
-        self.potential = potential
-        self.replayable = getattr(potential, "replayable", True)
+        self._use(potential)
         self.load_state_dict(saved, device)
         return self
+
+    def _use(self, potential) -> None:
+        """Evaluate the minibatch terms on ``potential``: replayable if it is; through its ``own_indices`` and
+        ``own_potential_and_grad`` if it draws its minibatches itself (data parallelism's global potential)."""
+        self.potential = potential
+        self.replayable = getattr(potential, "replayable", True)
+        self._own_indices = getattr(potential, "own_indices", None)
 
     def state_dict(self) -> dict:
         return {"centre": self.centre.cpu(), "potential": self.centre_potential.cpu(), "grad": self.centre_grad.cpu()}
@@ -234,9 +239,8 @@ class ControlVariate:
             u0, g0 = self.potential.potential_and_grad(self.centre, index)
             return (u - u0 + self.centre_potential).unsqueeze(0), (g - g0 + self.centre_grad).unsqueeze(0)
         evaluate = self.potential.batched_potential_and_grad
-        own_indices = getattr(self.potential, "own_indices", None)
-        if own_indices is not None:  # a potential that draws the minibatches itself (data parallelism's): one
-            indices = own_indices(positions, indices)  # draw, for the chains' points and the centre alike
+        if self._own_indices is not None:  # a potential that draws the minibatches itself (data parallelism's):
+            indices = self._own_indices(positions, indices)  # one draw, for the chains' points and the centre
             evaluate = self.potential.own_potential_and_grad
         rows = torch.cat([positions, self.centre.expand(C, -1)])
         both: Dict[str, torch.Tensor] = {k: torch.cat([v, v]) for k, v in indices.items()}
