@@ -137,7 +137,8 @@ class ShardedPotential:
         return self.own_potential_and_grad(positions, self.own_indices(positions, indices))
 
     def potential_and_grad(self, position: torch.Tensor, index: Mapping[str, torch.Tensor]):
-        """One point ``(D,)`` on one minibatch; with one rank the rank's one-point call, as one process makes."""
+        """One point ``(D,)`` on one minibatch; with one rank the rank's one-point call, as one process makes. With
+        several ranks (where a control variate does not call it: it is not replayable) it is a one-chain run's."""
         if self.world_size == 1:
             return self.scaled.potential_and_grad(position, index)
         potential, grad = self.batched_potential_and_grad(
