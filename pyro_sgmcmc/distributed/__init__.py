@@ -26,10 +26,14 @@ Two ways to use several processes (launched with ``torchrun``, or :func:`launch`
   the prior counted once and an unbiased estimate of the full-data potential from a combined
   minibatch of ``B = sum_r B_r`` data (stratified by shard). The injected noise comes from the
   chains' streams ``(seed, chain id)``, the same on every rank, so the replicas take identical
-  steps; each rank's minibatches come from streams of its own (``(seed, chain id + (rank + 1)
-  2^40)``), independent across ranks. :func:`data_parallel` sets nothing but the kernel's gradient
-  estimator (:class:`DataParallel`): ``sharded(all_reduced(inner))`` on the scaled model, :func:`sharded`
-  drawing the rank's minibatches and :func:`~pyro_sgmcmc.kernels.gradients.all_reduced` averaging.
+  steps; rank 0's minibatches are the kernel's own (so that one rank is the one-process run), rank
+  ``r > 0``'s come from streams of its own (``(seed, chain id + r 2^40)``), independent across ranks.
+  :func:`data_parallel` sets nothing but the kernel's gradient estimator (:class:`DataParallel`):
+  ``sharded(all_reduced(inner))`` on the scaled model, :func:`sharded` drawing the rank's minibatches and
+  :func:`~pyro_sgmcmc.kernels.gradients.all_reduced` averaging. A control variate (``"auto"``, the default,
+  ``"map"`` or a dict) is built on the run's global potential
+  (:class:`~pyro_sgmcmc.distributed.sharded_potential.ShardedPotential`): all-reduced full-data values, the
+  ranks' estimates on their own minibatches averaged.
 
 Everything here uses only :mod:`torch.distributed` collectives (gloo on CPU, NCCL on GPUs); the
 default process group is used unless a ``group`` is given.

@@ -11,6 +11,12 @@ becomes a :class:`DataParallel` value, which makes, for the rank's potential,
 is the kernel's own estimator factory, plain minibatches by default): each rank draws its shard's minibatch, one
 all-reduce averages the ranks' estimates. The estimate's ``num_data`` is the global ``N`` (the sum of the shards'
 sizes, unless the kernel was given ``num_data``), which the kernel's noise and drift are normalised by.
+
+The estimate also carries the run's global potential (``control_variate_potential``, a
+:class:`~pyro_sgmcmc.distributed.sharded_potential.ShardedPotential`): ``control_variate="auto"`` builds its
+candidates on it, so that their centre is the MAP of the global potential, their full-data values are the
+ranks' all-reduced, and their estimate is the ranks' control-variate estimates on their own minibatches,
+averaged (``distributed/sharded_potential.py``).
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ import torch
 import torch.distributed as dist
 
 from ..kernels.gradients import MinibatchGradient, all_reduced, user_estimator
-from ..model.potential import ModelPotential
+from ..model.potential import ModelPotential, SubsamplePlate
 from .process import rank_and_size
 from .sharded import ShardedMinibatches, ShardScale, sharded
+from .sharded_potential import ShardedPotential
 
 __all__ = ["data_parallel", "DataParallel"]
 
@@ -75,16 +82,25 @@ class DataParallel:
         )  # fmt: skip
         inner = MinibatchGradient(scaled) if self.inner is None else user_estimator(self.inner, scaled)
         shards = [p for p in scaled.subsample_plates if not p.user_indices]
-        num_data = self.num_data if self.num_data is not None else self._total(potential)
+        totals = self._totals(potential, shards)
+        num_data = self.num_data if self.num_data is not None else totals[0]
         # the positions follow the rank's potential's layout (the scaled potential has the same sites)
         averaged = all_reduced(inner, self.group)
-        return sharded(averaged, shards, scale, self.group, potential=potential, num_data=num_data)
+        estimator = sharded(averaged, shards, scale, self.group, potential=potential, num_data=num_data)
+        global_plates = [
+            SubsamplePlate(p.name, size, subsample_size)
+            for p, size, subsample_size in zip(shards, totals[1::2], totals[2::2])
+        ]  # fmt: skip
+        estimator.control_variate_potential = ShardedPotential(scaled, estimator, self.group, global_plates)
+        return estimator
 
-    def _total(self, potential: ModelPotential) -> int:
-        """``N = sum_r N_r``: the ranks' ``num_data`` summed (one all-reduce)."""
-        total = torch.tensor([potential.num_data], dtype=torch.int64, device=potential.device)
+    def _totals(self, potential: ModelPotential, shards) -> list:
+        """``[N, N_1, B_1, N_2, B_2, ...]`` summed over the ranks (one all-reduce): the global ``N`` (the ranks'
+        ``num_data``) and each sharded plate's global size and minibatch size."""
+        sizes = [potential.num_data] + [n for p in shards for n in (p.size, p.subsample_size)]
+        total = torch.tensor(sizes, dtype=torch.int64, device=potential.device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
-        return int(total)
+        return [int(n) for n in total]
 
 
 def data_parallel(kernel, plate: Optional[str] = None, group=None):
@@ -95,14 +111,16 @@ def data_parallel(kernel, plate: Optional[str] = None, group=None):
     size ``N_r`` and a per-rank ``subsample_size`` ``B_r``. Each step is the step of a one-process
     run on all ``N`` data with a minibatch of ``sum_r B_r`` (drawn stratified by shard); every rank
     holds the same draws. What it sets is the kernel's gradient estimator (:class:`DataParallel`, module
-    docstring), composed with the kernel's own ``gradient_estimator=`` if it has one; the automatic control
-    variate is turned off (it measures on one process's data).
+    docstring), composed with the kernel's own ``gradient_estimator=`` if it has one. ``control_variate="auto"``
+    (the default) works as in one process, on the global potential: the centre is the MAP of the prior plus all
+    the shards' likelihoods, the decision is made from all-reduced measurements (the same on every rank), and a
+    one-rank run is the one-process run draw for draw. So do ``"map"`` (the global MAP) and a dict (a centre
+    given in constrained values, the same on every rank).
 
     Parameters
     ----------
     kernel : SGMCMCKernel
-        The kernel; its ``num_data`` (if given) is the *global* ``N``. Its ``control_variate`` must be
-        ``None`` or ``"auto"`` (a control variate's centre needs the full data in one process).
+        The kernel; its ``num_data`` (if given) is the *global* ``N``.
     plate : str, optional
         The name of the sharded data plate (default: the model's only subsampled plate). Observed
         sites inside it are the data; everything outside it (priors, other observed sites) must
@@ -114,8 +132,8 @@ def data_parallel(kernel, plate: Optional[str] = None, group=None):
     -----
     The starting points, given or drawn (from the same ``seed``), must be the same on every rank, and so must
     the seed: both are checked at the first evaluation of each run. Checkpoints resume these runs exactly
-    except for the ranks' minibatch streams, which restart. :func:`~pyro_sgmcmc.to_inference_data` on a rank
-    gives the posterior draws and that rank's shard of the data (``observed_data``, ``log_likelihood``).
+    except for the minibatch streams of the ranks ``r > 0``, which restart. :func:`~pyro_sgmcmc.to_inference_data`
+    on a rank gives the posterior draws and that rank's shard of the data (``observed_data``, ``log_likelihood``).
     """
     from ..kernels.base import SGMCMCKernel
 
@@ -123,16 +141,9 @@ def data_parallel(kernel, plate: Optional[str] = None, group=None):
         raise TypeError(f"data_parallel needs a pyro_sgmcmc kernel (SGLD, SGHMC, SGNHT); got {type(kernel).__name__}")
     if plate is not None and not isinstance(plate, str):
         raise TypeError(f"plate must be the name (str) of the sharded data plate; got {plate!r}")
-    if kernel.control_variate not in (None, "auto"):
-        shown = repr(kernel.control_variate) if isinstance(kernel.control_variate, str) else "a dict"
-        raise ValueError(
-            f"data_parallel: control_variate={shown} needs the full data in one process; pass control_variate=None "
-            "(or 'auto', which data_parallel turns off)"
-        )
     rank_and_size(group)
     inner = kernel.estimator_factory
     if isinstance(inner, DataParallel):  # made data-parallel again: the new plate and group replace the old
         inner = inner.inner
     kernel.estimator_factory = DataParallel(plate, group, kernel.num_data, inner)
-    kernel.control_variate = None
     return kernel

@@ -3,8 +3,10 @@
 :func:`sharded` wraps any estimator (:mod:`~pyro_sgmcmc.kernels.gradients`) of a model whose data plate holds
 the rank's shard (``N_r`` data, minibatches of ``B_r``): it keeps the estimator's signature
 ``estimator(positions, indices) -> (U, grad U)`` and replaces the indices of the sharded plates by the rank's own
-draws, from minibatch streams of its own, ``(seed, c + (r + 1) 2^40)`` for chain ``c`` on rank ``r``:
-independent across ranks, while the injected noise (the chains' streams ``(seed, c)``) is the same on every rank.
+draws: rank 0 keeps the kernel's (chain ``c``'s minibatch stream ``(seed, c)``, so that a one-rank run is the
+one-process run), rank ``r > 0`` draws from streams of its own, ``(seed, c + r 2^40)``: independent across ranks,
+while the injected noise (drawn from ``(seed, c)`` by another method, ``chains/philox.py``) is the same on every
+rank.
 Composed with :func:`~pyro_sgmcmc.kernels.gradients.all_reduced` and the likelihood of the sharded plate scaled by
 the number of ranks ``P`` (:class:`ShardScale`), the average over the ranks is the estimate of a one-process run
 on all ``N = sum_r N_r`` data with a minibatch of ``sum_r B_r``, drawn stratified by shard (see
@@ -32,7 +34,8 @@ from .process import rank_and_size
 
 __all__ = ["MINIBATCH_STREAM_OFFSET", "ShardScale", "ShardedMinibatches", "sharded", "rows_for"]
 
-#: Rank ``r``'s minibatch stream of chain ``c`` is ``(seed, c + (r + 1) * MINIBATCH_STREAM_OFFSET)``.
+#: Rank ``r > 0``'s minibatch stream of chain ``c`` is ``(seed, c + r * MINIBATCH_STREAM_OFFSET)``; rank 0's is the
+#: kernel's own, ``(seed, c)``.
 MINIBATCH_STREAM_OFFSET = 2**40
 
 
@@ -73,7 +76,11 @@ class ShardedMinibatches:
     plates : list of SubsamplePlate
         The sharded plates whose indices the rank draws (empty when the shards are not subsampled).
     sampler : MinibatchSampler or None
-        The rank's minibatch streams of the current run (``None`` until its first evaluation).
+        The rank's minibatch streams of the current run (``None`` until its first evaluation, and on rank 0, which
+        uses the kernel's).
+    control_variate_potential : ShardedPotential or None
+        The global potential a control variate of this run is built on (set by
+        :class:`~pyro_sgmcmc.distributed.data_parallel.DataParallel`; see ``distributed/sharded_potential.py``).
     """
 
     #: It draws the rank's minibatches itself: calling it again changes the run (``kernels/sampling.py``).
@@ -92,20 +99,30 @@ class ShardedMinibatches:
         self.rank, self.world_size = rank_and_size(group)
         self.streams: Optional[ChainGenerators] = None  # the chains' streams (use_streams), None: drawn at need
         self.sampler: Optional[MinibatchSampler] = None
+        self.started = False  # the first evaluation of the run (the replicas' check) is done
+        self.control_variate_potential = None
 
     def use_streams(self, generators: ChainGenerators) -> None:
         """The chains' streams of a new run or of a restored one: the rank's minibatch streams restart from them
         (a checkpoint does not hold them) at the next evaluation, which checks the ranks' seeds and positions."""
-        self.streams, self.sampler = generators, None
+        self.streams, self.sampler, self.started = generators, None, False
+
+    def own_indices(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
+        """The kernel's ``indices`` for ``positions`` (``(C, D)``, or the ``2 C K`` rows of the warmup's probes or
+        the ``2 C`` of a control variate, see :func:`rows_for`) with the sharded plates' replaced by the rank's next
+        own minibatch; rank 0's are the kernel's. The first call of a run checks that the replicas agree."""
+        if not self.started:
+            self.sampler, self.started = self._start_run(positions), True
+        if self.sampler is None:  # rank 0
+            return indices
+        own = dict(indices)
+        own.update({name: rows_for(rows, positions.shape[0]) for name, rows in self.sampler.next().items()})
+        return own
 
     def potential_and_grad(self, positions: torch.Tensor, indices: Mapping[str, torch.Tensor]):
         """The inner estimate at ``(C, D)`` positions (or the ``2 C K`` rows of the warmup's probes, see
-        :func:`rows_for`), the sharded plates' indices replaced by the rank's own draws."""
-        if self.sampler is None:
-            self.sampler = self._start_run(positions)
-        own = dict(indices)
-        own.update({name: rows_for(rows, positions.shape[0]) for name, rows in self.sampler.next().items()})
-        result = self.inner.potential_and_grad(positions, own)
+        :func:`rows_for`), the sharded plates' indices replaced by the rank's own draws (:meth:`own_indices`)."""
+        result = self.inner.potential_and_grad(positions, self.own_indices(positions, indices))
         if self.scale is not None and not self.scale.seen:
             raise ValueError(
                 f"data_parallel: no observed site lies inside the plate {self.scale.plate!r}; name the sharded "
@@ -115,8 +132,9 @@ class ShardedMinibatches:
 
     __call__ = potential_and_grad
 
-    def _start_run(self, positions: torch.Tensor) -> MinibatchSampler:
-        """New chains: a check that the replicas agree (seed, positions), and the rank's minibatch streams."""
+    def _start_run(self, positions: torch.Tensor) -> Optional[MinibatchSampler]:
+        """New chains: a check that the replicas agree (seed, positions), and the rank's minibatch streams (none
+        on rank 0, which uses the kernel's)."""
         streams = self.streams
         if streams is None or len(streams) != positions.shape[0]:  # called outside a kernel's run
             streams = ChainGenerators(None, range(positions.shape[0]), positions.device)
@@ -135,7 +153,9 @@ class ShardedMinibatches:
                 "data_parallel: the chains start from different points on different ranks; give the same "
                 "initial_params on every rank (or none: the same seed then draws the same points)"
             )
-        offset = (self.rank + 1) * MINIBATCH_STREAM_OFFSET
+        if self.rank == 0:
+            return None
+        offset = self.rank * MINIBATCH_STREAM_OFFSET
         own = ChainGenerators(streams.seed, [c + offset for c in streams.chain_ids], positions.device)
         return MinibatchSampler(self.plates, own)
 

@@ -85,7 +85,9 @@ def auto_propose(state: AutoControlVariateState, potential, plates, chains) -> A
     """At the end of the approach: ``state`` with a candidate centred near the MAP, from the best point of the
     ``chains`` (an :class:`~pyro_sgmcmc.kernels.state.SGMCMCState`); unchanged for a model with other than one
     subsampled plate, an epoch shorter than ``AUTO_CONTROL_VARIATE_EPOCH`` minibatches, or a full-data potential
-    that is not finite there."""
+    that is not finite there. A potential with ``global_plates`` (data parallelism's global potential) is judged by
+    those: ``N`` and the minibatch size of all the ranks together, the same on every rank."""
+    plates = getattr(potential, "global_plates", plates)
     if len(plates) != 1 or plates[0].size < AUTO_CONTROL_VARIATE_EPOCH * plates[0].subsample_size:
         return state
     if state.refined is not None and state.refined.potential is potential:
@@ -246,7 +248,12 @@ class _PairedMeasurement:
 
     def __init__(self, potential, position: torch.Tensor, minibatches) -> None:
         self.evaluate = MinibatchGradient(potential).potential_and_grad
-        self.position, self.minibatches = position, minibatches
+        self.draw = minibatches.next
+        if hasattr(potential, "own_indices"):  # it draws its minibatches itself (data parallelism's potential):
+            # each pool minibatch is drawn once, then evaluated at every centre as it is
+            self.evaluate = potential.own_potential_and_grad
+            self.draw = lambda: potential.own_indices(position, minibatches.next())
+        self.position = position
         self.indices: list = []
         self.plain: list = []  # (C, D) plain gradient at the chains' points, one per minibatch of the pool
         self.centres: dict = {}  # control variate -> (C, D) minibatch gradients at its centre, one per minibatch
@@ -254,7 +261,7 @@ class _PairedMeasurement:
     def extend(self, count: int, candidates) -> None:
         """The pool to ``count`` minibatches, with the plain and each candidate's centre gradients on all."""
         while len(self.indices) < count:
-            self.indices.append(self.minibatches.next())
+            self.indices.append(self.draw())
             self.plain.append(self.evaluate(self.position, self.indices[-1])[1])
         for candidate in candidates:
             done = self.centres.setdefault(candidate, [])

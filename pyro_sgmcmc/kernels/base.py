@@ -327,8 +327,9 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
             if isinstance(self.gradient_estimator, ControlVariate):
                 self.gradient_estimator.load_state_dict(saved["control_variate"], device)
             else:  # "auto": chosen in warmup
-                saved_centre = saved["control_variate"]
-                self.gradient_estimator = ControlVariate.from_state_dict(self.potential, saved_centre, device)
+                saved_centre = saved["control_variate"]  # on the estimator's potential for one (data parallelism)
+                potential = getattr(self.gradient_estimator, "control_variate_potential", None) or self.potential
+                self.gradient_estimator = ControlVariate.from_state_dict(potential, saved_centre, device)
         self.warmup.load_state_dict(saved, self.state, warmup_context(self))
 
     # ------------------------------------------------------------------ statistics and read-outs

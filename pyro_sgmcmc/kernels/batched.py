@@ -265,12 +265,14 @@ class BatchedChains:
     def _setup_control_variate(self, positions: torch.Tensor) -> GradientEstimator:
         """The estimator of :meth:`prepare_chains` (the user's ``gradient_estimator`` or plain minibatches), or the
         fixed control variate (``"map"`` or a dict: computed once per data set); ``"auto"`` starts plain and
-        decides in warmup."""
-        if self.estimator_factory is not None or self.control_variate is None or self.control_variate == "auto":
+        decides in warmup. The control variate is built on the estimator's ``control_variate_potential`` where it
+        has one (data parallelism's global potential), else on the model's."""
+        if self.control_variate is None or self.control_variate == "auto":  # (a user's estimator: None)
             return self.gradient_estimator
+        potential = getattr(self.gradient_estimator, "control_variate_potential", None) or self.potential
         cached = self._fixed_control_variate
-        if cached is None or cached.potential is not self.potential:
-            self._fixed_control_variate = ControlVariate(self.potential, self.control_variate, positions[0])
+        if cached is None or cached.potential is not potential:
+            self._fixed_control_variate = ControlVariate(potential, self.control_variate, positions[0])
         return self._fixed_control_variate
 
     def step(self) -> SGMCMCState:

@@ -52,7 +52,12 @@ def _single_plate(potential: ModelPotential):
 def full_data_potential_and_grad(
     potential: ModelPotential, position: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Full-data ``(U, dU/dz)`` at one point ``(dim,)``, in chunks of the plate's minibatch size."""
+    """Full-data ``(U, dU/dz)`` at one point ``(dim,)``, in chunks of the plate's minibatch size; a potential with
+    a ``full_data_potential_and_grad`` method of its own (data parallelism's global potential,
+    ``distributed/sharded_potential.py``) computes them itself."""
+    own = getattr(potential, "full_data_potential_and_grad", None)
+    if own is not None:
+        return own(position)
     plate = _single_plate(potential)
     n, b = plate.size, plate.subsample_size
     num_chunks = n // math.gcd(n, b)
@@ -157,6 +162,9 @@ class ControlVariate:
     Parameters
     ----------
     potential : ModelPotential
+        Or anything with its interface (``batched_potential_and_grad``, ``potential_and_grad``, ``pack``, ...), e.g.
+        data parallelism's global potential; one with ``own_indices(positions, indices)`` (it draws its own
+        minibatches) is evaluated by ``own_potential_and_grad`` on one draw for the chains' points and the centre.
     centre : "map" or dict
         ``"map"``: found by L-BFGS on the full-data potential (in chunks) from ``start``; a dict:
         *constrained* values ``{site: tensor}`` of every latent site (e.g. a MAP from
@@ -191,8 +199,7 @@ class ControlVariate:
         potential_value, grad = full_data_potential_and_grad(potential, position)
         if not (bool(torch.isfinite(potential_value)) and bool(torch.isfinite(grad).all())):
             raise ValueError("control_variate: the full-data potential or gradient at the centre is not finite")
-        self.potential = potential
-        self.replayable = True  # a function of (positions, indices): a replay gives the same values
+        self._use(potential)
         self.centre = position
         self.centre_potential = potential_value
         self.centre_grad = grad
@@ -201,10 +208,16 @@ class ControlVariate:
     def from_state_dict(cls, potential: ModelPotential, saved: dict, device: torch.device) -> "ControlVariate":
         """The control variate a checkpoint saved (no full-data pass)."""
         self = cls.__new__(cls)
-        self.potential = potential
-        self.replayable = True
+        self._use(potential)
         self.load_state_dict(saved, device)
         return self
+
+    def _use(self, potential) -> None:
+        """Evaluate the minibatch terms on ``potential``: replayable if it is; through its ``own_indices`` and
+        ``own_potential_and_grad`` if it draws its minibatches itself (data parallelism's global potential)."""
+        self.potential = potential
+        self.replayable = getattr(potential, "replayable", True)
+        self._own_indices = getattr(potential, "own_indices", None)
 
     def state_dict(self) -> dict:
         return {"centre": self.centre.cpu(), "potential": self.centre_potential.cpu(), "grad": self.centre_grad.cpu()}
@@ -220,14 +233,18 @@ class ControlVariate:
         """CV estimates ``(U, dU/dz)`` for ``(C, D)`` positions, each chain with its own minibatch (the
         :class:`~pyro_sgmcmc.kernels.gradients.GradientEstimator` protocol)."""
         C = positions.shape[0]
-        if C == 1:  # one chain: two calls of the (compiled) one-chain potential beat one vectorised call
-            index = {k: v[0] for k, v in indices.items()}
+        if C == 1 and self.replayable:  # one chain: two calls of the (compiled) one-chain potential beat one
+            index = {k: v[0] for k, v in indices.items()}  # vectorised call
             u, g = self.potential.potential_and_grad(positions[0], index)
             u0, g0 = self.potential.potential_and_grad(self.centre, index)
             return (u - u0 + self.centre_potential).unsqueeze(0), (g - g0 + self.centre_grad).unsqueeze(0)
+        evaluate = self.potential.batched_potential_and_grad
+        if self._own_indices is not None:  # a potential that draws the minibatches itself (data parallelism's):
+            indices = self._own_indices(positions, indices)  # one draw, for the chains' points and the centre
+            evaluate = self.potential.own_potential_and_grad
         rows = torch.cat([positions, self.centre.expand(C, -1)])
         both: Dict[str, torch.Tensor] = {k: torch.cat([v, v]) for k, v in indices.items()}
-        u, g = self.potential.batched_potential_and_grad(rows, both)
+        u, g = evaluate(rows, both)
         return u[:C] - u[C:] + self.centre_potential, g[:C] - g[C:] + self.centre_grad
 
     __call__ = potential_and_grad

@@ -32,8 +32,10 @@ nothing, so the sampling phase may call it again to name a divergence (``kernels
 without it is read after every step; ``num_data``: the :math:`N` of the estimate when it is not the potential's
 (data parallelism: the sum of the shards' sizes), which the kernel's drift and noise are normalised by; and
 ``use_streams(generators)``: an estimator that draws minibatches of its own is handed the chains' streams
-(:class:`~pyro_sgmcmc.chains.streams.ChainGenerators`) whenever the kernel makes them (a new run, a restore).
-:func:`as_estimator` turns a plain function into such a value.
+(:class:`~pyro_sgmcmc.chains.streams.ChainGenerators`) whenever the kernel makes them (a new run, a restore);
+``control_variate_potential``: the potential ``control_variate="auto"`` builds its control variates on instead of
+the model's (data parallelism's global potential, ``distributed/sharded_potential.py``; the control variate chosen
+replaces the estimator). :func:`as_estimator` turns a plain function into such a value.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ class WarmupContext(NamedTuple):
         The kernel's pure update ``transition(state, drift, step_size, noise, drift_scale) -> (position, momentum,
         thermostat)`` (:mod:`~pyro_sgmcmc.kernels.diffusions`).
     potential : ModelPotential
-        The model's potential (the automatic control variate's full-data evaluations).
+        The potential the automatic control variate is built on: the model's, or the estimator's
+        ``control_variate_potential`` (data parallelism's global one, ``kernels/gradients.py``).
     plates : sequence
         The subsampled plates the minibatches are drawn for.
     num_data : int
@@ -85,7 +86,8 @@ def warmup_context(kernel) -> WarmupContext:
         evaluate=estimator.potential_and_grad,
         next_indices=kernel.minibatches.next,
         transition=kernel.transition,
-        potential=kernel.potential,
+        # a control variate's potential: the estimator's if it has one (data parallelism's global potential)
+        potential=getattr(estimator, "control_variate_potential", None) or kernel.potential,
         plates=kernel.minibatches.plates,
         num_data=kernel.run_num_data,
         temperature=kernel.temperature,

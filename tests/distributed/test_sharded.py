@@ -1,8 +1,8 @@
 """Data parallelism as a gradient-estimator value (``distributed/data_parallel.py``, ``distributed/sharded.py``).
 
-In one process, on a real gloo process group of one rank (``P = 1``: the all-reduce is the identity and the
-shard is all the data), so that the composition can be checked exactly and fast; the two-rank behaviour is
-``test_distributed.py``'s.
+In one process, on a real gloo process group of one rank (``one_rank``, ``conftest.py``; ``P = 1``: the
+all-reduce is the identity and the shard is all the data), so that the composition can be checked exactly and
+fast; the two-rank behaviour is ``test_distributed.py``'s.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import torch.distributed
 
 from pyro_sgmcmc import MCMC, SGLD, CheckpointSettings, ModelPotential
 from pyro_sgmcmc.chains.streams import ChainGenerators
-from pyro_sgmcmc.distributed import DataParallel, ShardedMinibatches, data_parallel, free_port, sharded
+from pyro_sgmcmc.distributed import DataParallel, ShardedMinibatches, data_parallel, sharded
 from pyro_sgmcmc.distributed.sharded import MINIBATCH_STREAM_OFFSET
+from pyro_sgmcmc.distributed.sharded_potential import ShardedPotential
 from pyro_sgmcmc.kernels.gradients import MinibatchGradient, all_reduced
 
 
@@ -32,24 +33,12 @@ def data():
     return x, x @ torch.tensor([1.0, -1.0], dtype=torch.float64) + torch.randn(40, generator=g, dtype=torch.float64)
 
 
-@pytest.fixture
-def one_rank():
-    """A gloo process group of one rank for the test, destroyed after it."""
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
-    )  # fmt: skip
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
-
-
 def test_data_parallel_sets_the_estimator_not_the_potential(one_rank):
     """The kernel keeps building its own ModelPotential: data_parallel sets its estimator factory, and the
     estimator is sharded(all_reduced(...)) with the global N; no potential factory exists on the kernel."""
     kernel = data_parallel(SGLD(model, step_size=1e-3))
     assert not hasattr(kernel, "potential_factory")
-    assert isinstance(kernel.estimator_factory, DataParallel) and kernel.control_variate is None
+    assert isinstance(kernel.estimator_factory, DataParallel) and kernel.control_variate == "auto"
     x, y = data()
     mcmc = MCMC(kernel, num_samples=3, warmup_steps=0, num_chains=2, chain_method="vectorized", seed=1,
                 disable_progbar=True)  # fmt: skip
@@ -59,10 +48,10 @@ def test_data_parallel_sets_the_estimator_not_the_potential(one_rank):
     assert isinstance(estimator, ShardedMinibatches) and not estimator.replayable
     assert estimator.potential is kernel.potential and estimator.num_data == kernel.run_num_data == 40
     assert [p.name for p in estimator.plates] == ["data"]
-    # the rank's minibatch streams: (seed, chain + (rank + 1) 2^40), handed over by the kernel (use_streams)
-    assert estimator.streams is kernel.generators
-    own = estimator.sampler.generators
-    assert own.seed == kernel.generators.seed and list(own.chain_ids) == [MINIBATCH_STREAM_OFFSET + c for c in (0, 1)]
+    # the chains' streams, handed over by the kernel (use_streams); rank 0 draws none of its own (the kernel's)
+    assert estimator.streams is kernel.generators and estimator.started and estimator.sampler is None
+    assert isinstance(estimator.control_variate_potential, ShardedPotential)
+    assert [(p.size, p.subsample_size) for p in estimator.control_variate_potential.global_plates] == [(40, 10)]
     # made data-parallel twice: not scaled twice
     again = data_parallel(kernel, plate="data")
     assert again.estimator_factory.inner is None and again.estimator_factory.plate == "data"
@@ -86,30 +75,30 @@ def test_one_rank_full_shard_run_equals_the_plain_run(one_rank, float64):
 
 
 def test_sharded_estimator_draws_from_the_ranks_streams(one_rank, float64):
-    """The wrapped estimator sees the rank's own minibatch (not the kernel's): equal to the plain estimator on
-    the indices of the rank's stream, and a second call moves on to the next minibatch."""
+    """Rank 0 evaluates on the kernel's own minibatch (so that one rank is the one-process run); rank r > 0 on its
+    own streams (seed, chain + r 2^40), a second call moving on to the next minibatch (rank 1 is simulated by
+    setting the estimator's rank before its first call)."""
     x, y = data()
     potential = ModelPotential(model, (x, y, 8))
-    estimator = DataParallel()(potential)
-    generators = ChainGenerators(5, [0, 1])
-    estimator.use_streams(generators)
     positions = torch.tensor([[0.3, -0.2], [1.0, 0.5]])
-    kernel_indices = {"data": torch.zeros(2, 8, dtype=torch.long)}  # what a kernel would pass: replaced
     from pyro_sgmcmc.chains.minibatch import MinibatchSampler
 
-    expected = MinibatchSampler(
-        potential.subsample_plates, ChainGenerators(5, [MINIBATCH_STREAM_OFFSET + c for c in (0, 1)])
-    )
     plain = MinibatchGradient(potential)
-    for _ in range(2):
-        u, g = estimator(positions, kernel_indices)
-        u0, g0 = plain(positions, expected.next())
-        assert torch.equal(u, u0) and torch.equal(g, g0)
-
-
-def test_data_parallel_refuses_a_control_variate(one_rank):
-    with pytest.raises(ValueError, match="control_variate='map' needs the full data in one process"):
-        data_parallel(SGLD(model, control_variate="map"))
+    kernel_indices = MinibatchSampler(potential.subsample_plates, ChainGenerators(5, [0, 1]))
+    for rank in (0, 1):
+        estimator = DataParallel()(potential)
+        estimator.rank = rank
+        estimator.use_streams(ChainGenerators(5, [0, 1]))
+        offset = rank * MINIBATCH_STREAM_OFFSET
+        expected = MinibatchSampler(potential.subsample_plates, ChainGenerators(5, [offset + c for c in (0, 1)]))
+        for _ in range(2):
+            given = kernel_indices.next() if rank == 0 else {"data": torch.zeros(2, 8, dtype=torch.long)}
+            u, g = estimator(positions, given)
+            u0, g0 = plain(positions, given if rank == 0 else expected.next())
+            assert torch.equal(u, u0) and torch.equal(g, g0)
+        if rank == 0:
+            kernel_indices = MinibatchSampler(potential.subsample_plates, ChainGenerators(5, [0, 1]))
+            assert torch.equal(kernel_indices.next()["data"], expected.next()["data"])  # rank 0's stream: (5, c)
 
 
 class _Interrupted(Exception):
@@ -167,7 +156,7 @@ def test_all_reduced_hands_the_streams_on_to_a_sharded_estimator_inside(one_rank
         mcmc.run(x, y, 10)
         runs.append(mcmc.get_samples(group_by_chain=True)["w"])
         assert kernel.run_num_data == 77
-    assert made[0].streams is not None and made[0].sampler is not None
+    assert made[0].streams is not None and made[0].started  # rank 0: the kernel's minibatches, no sampler of its own
     assert torch.equal(runs[0], runs[1])
 
 
