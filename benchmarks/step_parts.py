@@ -147,7 +147,8 @@ def main(argv=None):
         rounds = 2 if args.tiny else 9
         entry = results["chains"][str(c)] = {
             "noise_us": noise_part(c, peers.dim(models.SIZES["small"]), calls, rounds),
-            "divergence_rule_us": divergence_rule_part(c, max(2, calls // 4) if not args.tiny else 2, rounds),
+            # the rule is a few per cent of a step: more steps and rounds, for a difference above the noise
+            "divergence_rule_us": divergence_rule_part(c, *((2, 2) if args.tiny else (max(8, calls // 2), 15))),
         }
         print(f"{c} chain(s): " + json.dumps(_rounded(entry)))
     results["pyro_logging_us"] = pyro_logging_part(10 if args.tiny else 5000, 2 if args.tiny else 9)
