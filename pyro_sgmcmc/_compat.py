@@ -27,7 +27,7 @@ from __future__ import annotations
 #    public path (``as_strided((), ())``), 2 calls per prior site and step, i.e. 2.6 us of a 500 us step of
 #    the 4-site MLP: 0.5 %, not worth a private read.
 import torch  # noqa: E402  (each room's imports sit in its own section)
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (kernels/capture.py: host reads)
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402  (the base of EagerDispatchMode)
 
 _functorch = torch._C._functorch
 
@@ -138,7 +138,8 @@ class AutoGuideInternals:
 #    ``torch._dynamo`` (1.1 s of CPU on the 2-core machine, measured, against an export of issue 26's case of about
 #    1 s); a subclass whose ``_should_skip_dynamo`` returns False is left unwrapped, as that method's docstring
 #    describes. Public alternative: none (a classmethod ``__torch_dispatch__`` keeps no state per recording).
-#    Used by the export's operator recorder (:mod:`pyro_sgmcmc.export.replay`), which compiles nothing.
+#    Used by the export's operator recorder (:mod:`pyro_sgmcmc.export.replay`) and the capture's host-read check
+#    (:mod:`pyro_sgmcmc.kernels.capture`), which compile nothing.
 
 
 class EagerDispatchMode(TorchDispatchMode):

@@ -37,7 +37,7 @@ import pyro
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .._compat import TorchDispatchMode
+from .._compat import EagerDispatchMode
 from ..model.priors import trusted_prior_constants
 from .state import SGMCMCState
 from .step import Dynamics, SamplingParameters, StepInfo, propose, settle
@@ -179,7 +179,7 @@ def recording_context():
 HOST_READS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "item"})
 
 
-class _HostReads(TorchDispatchMode):
+class _HostReads(EagerDispatchMode):
     """Records the operators of :data:`HOST_READS` applied to tensors off the CPU (a read there is no sync)."""
 
     def __init__(self, on_cpu: bool = False) -> None:

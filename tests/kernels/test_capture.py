@@ -8,7 +8,11 @@ step's to float rounding.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pyro
 import pyro.distributions as dist
@@ -178,3 +182,19 @@ def test_a_staged_schedule_is_not_recorded_and_says_so(static_step_on_cpu):
     mcmc, fallbacks = run(SGLD(regression, step_size=schedule, adapt_step_size=False, cuda_graph=True))
     assert len(fallbacks) == 1 and "staged schedule" in fallbacks[0]
     assert mcmc.kernel._sampling.captured is None
+
+
+def test_the_host_read_check_imports_no_dynamo():
+    # a plain TorchDispatchMode subclass is wrapped for Dynamo, whose first call imports torch._dynamo (about 1 s
+    # of CPU at the first capture of a process); the check is an EagerDispatchMode (pyro_sgmcmc._compat)
+    code = (
+        "import sys, torch\n"
+        "from pyro_sgmcmc.kernels.capture import check_no_host_reads\n"
+        "check_no_host_reads(lambda: torch.ones(3).sum() + 1, on_cpu=True)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
