@@ -20,13 +20,9 @@ from pyro_sgmcmc.distributed import data_parallel, launch, shard
 from pyro_sgmcmc.distributed.sharded_potential import ShardedPotential
 from pyro_sgmcmc.kernels.control_variates import ControlVariate, full_data_potential_and_grad
 
+from .models import regression
+
 LAUNCH_TIMEOUT = 240  # seconds, as test_distributed.py's
-
-
-def regression(x, y, batch):
-    w = pyro.sample("w", dist.Normal(torch.zeros(2, dtype=x.dtype), 1.0).to_event(1))
-    with pyro.plate("data", x.shape[0], subsample_size=batch) as idx:
-        pyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
 
 
 def regression_data():

@@ -7,8 +7,6 @@ fast; the two-rank behaviour is ``test_distributed.py``'s.
 
 from __future__ import annotations
 
-import pyro
-import pyro.distributions as dist
 import pytest
 import torch
 import torch.distributed
@@ -20,11 +18,7 @@ from pyro_sgmcmc.distributed.sharded import MINIBATCH_STREAM_OFFSET
 from pyro_sgmcmc.distributed.sharded_potential import ShardedPotential
 from pyro_sgmcmc.kernels.gradients import MinibatchGradient, all_reduced
 
-
-def model(x, y, batch):
-    w = pyro.sample("w", dist.Normal(torch.zeros(2, dtype=x.dtype), 1.0).to_event(1))
-    with pyro.plate("data", x.shape[0], subsample_size=batch) as idx:
-        pyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
+from .models import regression as model
 
 
 def data():
