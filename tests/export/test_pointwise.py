@@ -88,11 +88,10 @@ def test_log_likelihood_equals_pyro_trace_of_every_draw(run64, monkeypatch, elem
     np.testing.assert_array_equal(idata.observed_data["pair"].values, data[2].numpy())
 
 
-def test_replayed_blocks_give_the_model_s_own_values_bit_for_bit(run64, monkeypatch):
-    # 200 values a call: 45 data in chunks of 10 (5 chunks, the last overlapping) and 4 draws a call, so each shape
-    # of block comes back and is replayed (export/replay.py) after its recording and its check
-    mcmc, _ = run64
-    monkeypatch.setattr(pointwise, "ELEMENTS_PER_CALL", 200)
+def _replayed_and_direct(mcmc, monkeypatch, elements_per_call: int, chunk_size: int):
+    """The log-likelihood exported with the replay (checked to have replayed, refusing nothing) and with the model
+    called at every block, with blocks small enough that each block shape comes back."""
+    monkeypatch.setattr(pointwise, "ELEMENTS_PER_CALL", elements_per_call)
     made = []
 
     class Spied(pointwise.ReplayedCalls):
@@ -101,10 +100,18 @@ def test_replayed_blocks_give_the_model_s_own_values_bit_for_bit(run64, monkeypa
             made.append(self)
 
     monkeypatch.setattr(pointwise, "ReplayedCalls", Spied)
-    replayed = to_inference_data(mcmc, log_likelihood=True, chunk_size=4)
+    replayed = to_inference_data(mcmc, log_likelihood=True, chunk_size=chunk_size)
     assert made and any(callable(r) for r in made[0].replays.values()) and not made[0].why_not
     monkeypatch.setattr(pointwise, "ReplayedCalls", lambda evaluate: evaluate)  # the model at every block
-    direct = to_inference_data(mcmc, log_likelihood=True, chunk_size=4)
+    direct = to_inference_data(mcmc, log_likelihood=True, chunk_size=chunk_size)
+    return replayed, direct
+
+
+def test_replayed_blocks_give_the_model_s_own_values_bit_for_bit(run64, monkeypatch):
+    # 200 values a call: 45 data in chunks of 10 (5 chunks, the last overlapping) and 4 draws a call, so each shape
+    # of block comes back and is replayed (export/replay.py) after its recording and its check
+    mcmc, _ = run64
+    replayed, direct = _replayed_and_direct(mcmc, monkeypatch, elements_per_call=200, chunk_size=4)
     for site in ("y", "pair"):
         np.testing.assert_array_equal(replayed.log_likelihood[site].values, direct.log_likelihood[site].values)
 
@@ -149,19 +156,7 @@ def test_other_likelihoods_are_replayed_and_equal_the_model_bit_for_bit(family, 
     # chunks of both, placed by index) are all recorded, trusted and replayed, with the model's own values
     model_, data = _families()[family]
     mcmc = _run(data, model_, num_chains=2, num_samples=8)
-    monkeypatch.setattr(pointwise, "ELEMENTS_PER_CALL", 60)
-    made = []
-
-    class Spied(pointwise.ReplayedCalls):
-        def __init__(self, evaluate):
-            super().__init__(evaluate)
-            made.append(self)
-
-    monkeypatch.setattr(pointwise, "ReplayedCalls", Spied)
-    replayed = to_inference_data(mcmc, log_likelihood=True, chunk_size=3)
-    assert any(callable(r) for r in made[0].replays.values()) and not made[0].why_not
-    monkeypatch.setattr(pointwise, "ReplayedCalls", lambda evaluate: evaluate)
-    direct = to_inference_data(mcmc, log_likelihood=True, chunk_size=3)
+    replayed, direct = _replayed_and_direct(mcmc, monkeypatch, elements_per_call=60, chunk_size=3)
     np.testing.assert_array_equal(replayed.log_likelihood["y"].values, direct.log_likelihood["y"].values)
 
 
