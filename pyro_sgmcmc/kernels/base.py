@@ -41,7 +41,7 @@ from .batched import BatchedChains
 from .configuration import describe
 from .control_variates import ControlVariate
 from .divergences import ON_DIVERGENCE, DivergenceRecord
-from .gradients import GradientEstimator
+from .gradients import GradientEstimator, control_variate_potential
 from .state import DivergenceError, DivergenceWarning, SGMCMCState, SlowMixingWarning
 
 __all__ = ["SGMCMCState", "SGMCMCKernel", "DivergenceError", "DivergenceWarning", "SlowMixingWarning"]
@@ -328,7 +328,7 @@ class SGMCMCKernel(BatchedChains, MCMCKernel):
                 self.gradient_estimator.load_state_dict(saved["control_variate"], device)
             else:  # "auto": chosen in warmup
                 saved_centre = saved["control_variate"]  # on the estimator's potential for one (data parallelism)
-                potential = getattr(self.gradient_estimator, "control_variate_potential", None) or self.potential
+                potential = control_variate_potential(self.gradient_estimator, self.potential)
                 self.gradient_estimator = ControlVariate.from_state_dict(potential, saved_centre, device)
         self.warmup.load_state_dict(saved, self.state, warmup_context(self))
 

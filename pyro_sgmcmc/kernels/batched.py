@@ -31,7 +31,7 @@ from . import capture
 from .adaptation import warmup_context
 from .control_variates import ControlVariate
 from .divergences import DivergenceRecord
-from .gradients import GradientEstimator, MinibatchGradient, user_estimator
+from .gradients import GradientEstimator, MinibatchGradient, control_variate_potential, user_estimator
 from .initialisation import global_superchain_ids, initial_positions, preserved_global_rng
 from .sampling import SamplingRun
 from .state import SGMCMCState
@@ -269,7 +269,7 @@ class BatchedChains:
         has one (data parallelism's global potential), else on the model's."""
         if self.control_variate is None or self.control_variate == "auto":  # (a user's estimator: None)
             return self.gradient_estimator
-        potential = getattr(self.gradient_estimator, "control_variate_potential", None) or self.potential
+        potential = control_variate_potential(self.gradient_estimator, self.potential)
         cached = self._fixed_control_variate
         if cached is None or cached.potential is not potential:
             self._fixed_control_variate = ControlVariate(potential, self.control_variate, positions[0])

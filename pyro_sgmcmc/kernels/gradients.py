@@ -45,7 +45,8 @@ from typing import Callable, Mapping, Optional, Protocol, Tuple, runtime_checkab
 import torch
 
 __all__ = [
-    "GradientEstimator", "MinibatchGradient", "FunctionEstimator", "as_estimator", "all_reduced", "user_estimator",
+    "GradientEstimator", "MinibatchGradient", "FunctionEstimator", "as_estimator", "all_reduced",
+    "control_variate_potential", "user_estimator",
 ]  # fmt: skip
 
 
@@ -161,6 +162,13 @@ def all_reduced(estimator, group=None):
     ([2.5], [[1.0, 2.0]])
     """
     return _AllReduced(estimator, group)
+
+
+def control_variate_potential(estimator, potential):
+    """The potential a control variate of a run is built on: the estimator's ``control_variate_potential`` where it
+    has one (data parallelism's global potential, :mod:`pyro_sgmcmc.distributed.sharded_potential`), else the run's
+    ``potential``."""
+    return getattr(estimator, "control_variate_potential", None) or potential
 
 
 def user_estimator(factory: Callable, potential) -> GradientEstimator:

@@ -13,6 +13,7 @@ import torch
 
 from .adapt.stability import StabilityRule
 from .control_variates import ControlVariate
+from .gradients import control_variate_potential
 from .state import SGMCMCState
 
 __all__ = ["WarmupContext", "WarmupUpdate", "NextIndices", "warmup_context"]
@@ -87,7 +88,7 @@ def warmup_context(kernel) -> WarmupContext:
         next_indices=kernel.minibatches.next,
         transition=kernel.transition,
         # a control variate's potential: the estimator's if it has one (data parallelism's global potential)
-        potential=getattr(estimator, "control_variate_potential", None) or kernel.potential,
+        potential=control_variate_potential(estimator, kernel.potential),
         plates=kernel.minibatches.plates,
         num_data=kernel.run_num_data,
         temperature=kernel.temperature,
