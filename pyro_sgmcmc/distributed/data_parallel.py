@@ -134,6 +134,28 @@ def data_parallel(kernel, plate: Optional[str] = None, group=None):
     the seed: both are checked at the first evaluation of each run. Checkpoints resume these runs exactly
     except for the minibatch streams of the ranks ``r > 0``, which restart. :func:`~pyro_sgmcmc.to_inference_data`
     on a rank gives the posterior draws and that rank's shard of the data (``observed_data``, ``log_likelihood``).
+
+    Examples
+    --------
+    One rank here (a gloo group in this process); under ``torchrun`` or :func:`launch` every rank runs the same
+    lines with its own ``shard`` of the data.
+
+    >>> import pyro, pyro.distributions as dist, torch, torch.distributed
+    >>> from pyro_sgmcmc import MCMC, SGLD
+    >>> from pyro_sgmcmc.distributed import data_parallel, free_port, shard
+    >>> torch.distributed.init_process_group(
+    ...     "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    >>> def model(y):
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    ...     with pyro.plate("data", y.shape[0], subsample_size=20) as idx:
+    ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+    >>> y = shard(1.0 + torch.randn(200, generator=torch.Generator().manual_seed(0)))
+    >>> mcmc = MCMC(data_parallel(SGLD(model)), num_samples=50, warmup_steps=300, num_chains=4, seed=0,
+    ...             chain_method="vectorized", disable_progbar=True)
+    >>> mcmc.run(y)
+    >>> mcmc.get_samples(group_by_chain=True)["mu"].shape
+    torch.Size([4, 50])
+    >>> torch.distributed.destroy_process_group()
     """
     from ..kernels.base import SGMCMCKernel
 
