@@ -94,16 +94,24 @@ def _status(field: str) -> int:
 def first_touch(shape, dtype) -> dict:
     """Seconds (wall, CPU) to allocate and fill a fresh array of the log-likelihood's shape and dtype, while the
     export's own is still held (so that its memory is not handed back): the floor under any export that writes
-    its output once. On the virtual machine of these measurements, memory a process touches for the first time
-    can cost several ns a value (the host backs the guest's pages lazily), and how much varies from run to run."""
+    its output once. Measured twice: with torch's allocator, as the export allocates its output (``torch``),
+    and with NumPy's (``numpy``), which asks for transparent huge pages on a large array: on the virtual machine
+    of these measurements (THP ``defrag`` set to ``madvise``) those cost several times ordinary pages to touch
+    first, and how much varies from run to run."""
     import numpy as np
+    import torch
 
-    wall, cpu = time.perf_counter(), time.process_time()
-    array = np.empty(shape, dtype=dtype)
-    array.fill(0)
-    result = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
-    del array
-    return result
+    result = {}
+    for allocator in ("torch", "numpy"):
+        wall, cpu = time.perf_counter(), time.process_time()
+        if allocator == "torch":
+            array = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype).numpy()
+        else:
+            array = np.empty(shape, dtype=dtype)
+        array.fill(0)
+        result[allocator] = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+        del array
+    return {**result["torch"], "numpy": result["numpy"]}
 
 
 def measure(case: str, threads: int) -> dict:
@@ -195,7 +203,8 @@ def main() -> None:
             f" wall, {result['ratio_cpu']:.3f} CPU); log-likelihood {result['log_likelihood_bytes'] / 1e6:.0f} MB "
             f"{result['log_likelihood_dtype']}, peak growth "
             + ("n/a" if growth is None else f"{growth:.2f}x")
-            + f"; first touch of as many fresh bytes {result['first_touch_floor']['cpu_s']:.2f} s CPU (export above it:"
+            + f"; first touch of as many fresh bytes {result['first_touch_floor']['cpu_s']:.2f} s CPU (NumPy's "
+            f"allocator {result['first_touch_floor']['numpy']['cpu_s']:.2f} s; export above it:"
             f" {result['ratio_cpu_above_floor']:.3f} of the run); the export again "
             f"{result['export_again']['cpu_s']:.2f} s CPU ({result['ratio_cpu_again']:.3f} of the run)"
             + f"; load {result['load_average_before']} -> {result['load_average_after']}"

@@ -2,10 +2,15 @@
 block by block.
 
 :func:`in_memory` allocates each observed site's array once, ``(chains * draws, *full shape)`` in the
-requested dtype, and lets :meth:`~pyro_sgmcmc.export.pointwise.FullData.evaluate` write into it: the peak
-is the arrays plus one vectorised call's block. Before anything is allocated, :func:`check_fits` compares
-the bytes the in-memory groups will take with a cap (``max_memory``, by default the memory the operating
-system reports available) and refuses, naming the size, what does not fit.
+requested dtype (:meth:`~pyro_sgmcmc.export.pointwise.FullData.evaluated`, laid out as the model's blocks
+come): the peak is the arrays plus one vectorised call's block. The arrays come from torch's allocator and are
+handed out as NumPy views: NumPy asks the kernel for transparent huge pages on a large array (``madvise``),
+and where the kernel's THP ``defrag`` setting is ``madvise`` (as on the machine of
+``benchmarks/loglik_export.py``) their first touch is slow: 1.7-2.2 s to fill a fresh GB there against
+0.39-0.46 s for torch's ordinary pages on one thread (2026-11-27, fresh processes, load below 1.5). Before
+anything is allocated, :func:`check_fits` compares the bytes the in-memory groups will take with a cap
+(``max_memory``, by default the memory the operating system reports available) and refuses, naming the size,
+what does not fit.
 
 :func:`to_netcdf_file` writes the log-likelihood into a netCDF-4 file (HDF5, through ``h5netcdf``) as the
 group ``log_likelihood`` of an ArviZ file, :data:`FILE_BUFFER_BYTES` of draws at a time, and returns the
@@ -63,12 +68,8 @@ def in_memory(
 ) -> Dict[str, np.ndarray]:
     """``quantity`` of every observed site at ``positions`` ``(S, dim)``: ``{site: (S, *full shape)}``, in the
     model's dtype or ``dtype``."""
-    arrays = {
-        name: np.empty((positions.shape[0], *layout.shape), dtype=_numpy_dtype(dtype or layout.dtype))
-        for name, layout in full.layouts[quantity].items()
-    }
-    full.evaluate(quantity, positions, {name: torch.from_numpy(a) for name, a in arrays.items()}, chunk_size)
-    return arrays
+    tensors = full.evaluated(quantity, positions, chunk_size, dtype)
+    return {name: tensor.numpy() for name, tensor in tensors.items()}
 
 
 def to_netcdf_file(

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["Placement"]
+__all__ = ["Placement", "target_like"]
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,34 @@ class Placement:
                 index.append(rows[plate].cpu().view(shape))
         return cls(None, 0, tuple(index))
 
+    def arranged(self, values: torch.Tensor) -> Optional[torch.Tensor]:
+        """The block ``values`` ``(D, K, *minibatch shape)`` as a view on the target's axes ``(D, ..., K B, ...)``
+        (``None`` for an indexed write, whose block has the combination axis instead)."""
+        if self.axis is None:
+            return None
+        return values.movedim(1, 1 + self.axis).flatten(1 + self.axis, 2 + self.axis)
+
     def write(self, target: torch.Tensor, values: torch.Tensor) -> None:
         """``target[d, place of (k, ...)] = values[d, k, ...]``, cast to the target's dtype and device."""
-        if self.axis is not None:
-            merged = values.movedim(1, 1 + self.axis).flatten(1 + self.axis, 2 + self.axis)  # (D, ..., K B, ...)
+        merged = self.arranged(values)
+        if merged is not None:
             target.narrow(1 + self.axis, self.first, merged.shape[1 + self.axis]).copy_(merged)
             return
         draws = torch.arange(values.shape[0], device=target.device).view(-1, *[1] * (values.dim() - 1))
         index = (draws, *(i.to(target.device) for i in self.index))
         target.index_put_(index, values.to(target.device, target.dtype))
+
+
+def target_like(
+    place: Optional[Placement], block: Optional[torch.Tensor], shape, dtype: torch.dtype, device
+) -> torch.Tensor:
+    """A new tensor of ``shape`` ``(S, *full shape)`` whose axes lie in memory in the order of ``block``'s
+    arrangement by ``place`` (:meth:`Placement.arranged`), the axis with the largest stride outermost: each
+    block is then written by a copy that streams through both. Row-major without a block, or for an indexed
+    write. Axes of size one in the block (one draw a call) go outermost."""
+    arranged = place.arranged(block) if place is not None and block is not None else None
+    if arranged is None or arranged.dim() != len(shape):
+        return torch.empty(shape, dtype=dtype, device=device)
+    order = sorted(range(len(shape)), key=lambda axis: (arranged.shape[axis] != 1, -arranged.stride(axis), axis))
+    physical = torch.empty([shape[axis] for axis in order], dtype=dtype, device=device)
+    return physical.permute([order.index(axis) for axis in range(len(shape))])

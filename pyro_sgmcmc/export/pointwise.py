@@ -34,7 +34,8 @@ import torch
 
 from ..model import PlateChunks, trace_at
 from ..model.compiled import out_of_memory
-from .placement import Placement
+from .log_prob import pointwise_log_prob
+from .placement import Placement, target_like
 from .replay import ReplayedCalls
 
 __all__ = ["ELEMENTS_PER_CALL", "FullData", "SiteLayout"]
@@ -48,8 +49,8 @@ __all__ = ["ELEMENTS_PER_CALL", "FullData", "SiteLayout"]
 ELEMENTS_PER_CALL = 2**17
 
 #: ``"log_likelihood"``: ``fn.log_prob(value)`` of each observed site (unscaled, unmasked, as Pyro's trace's
-#: ``unscaled_log_prob``); ``"posterior_predictive"``: a fresh draw of each observed site (model unconditioned);
-#: ``"observed_data"``: the observed values
+#: ``unscaled_log_prob``; by :func:`~pyro_sgmcmc.export.log_prob.pointwise_log_prob`); ``"posterior_predictive"``:
+#: a fresh draw of each observed site (model unconditioned); ``"observed_data"``: the observed values
 QUANTITIES = ("log_likelihood", "posterior_predictive", "observed_data")
 
 
@@ -137,6 +138,40 @@ class FullData:
         The draws go ``chunk_size`` at a time (:meth:`draws_per_call`), the chunk combinations as many at a
         time as :data:`ELEMENTS_PER_CALL` allows; nothing larger than one call's block is allocated besides
         ``targets``."""
+        for start, places, values in self._blocks(quantity, positions, chunk_size):
+            for name, place in places.items():
+                place.write(targets[name][start : start + values[name].shape[0]], values[name])
+
+    def evaluated(
+        self, quantity: str, positions: torch.Tensor, chunk_size: int, dtype: Optional[torch.dtype] = None
+    ) -> Dict[str, torch.Tensor]:
+        """``quantity`` at ``positions`` ``(S, dim)`` in new tensors ``{site: (S, *layout.shape)}``, in the
+        model's dtype or ``dtype``, each laid out in memory as the vectorised blocks come out of the model.
+
+        A regression's block comes out of vmap's matrix product with the draw axis fastest in memory; a target
+        in the usual row-major order would take every block through a transposing copy (1.2 ns a value on the
+        machine of ``benchmarks/loglik_export.py``, a third of the whole evaluation). A target in the block's
+        order (:func:`~pyro_sgmcmc.export.placement.target_like`) takes each block as a streaming copy. The
+        tensors are views with the shape asked for; only their strides follow the blocks."""
+        targets: Optional[Dict[str, torch.Tensor]] = None
+        layouts = self.layouts[quantity]
+
+        def allocate(places: Mapping[str, Placement], values: Mapping[str, torch.Tensor]):
+            return {
+                name: target_like(places.get(name), values.get(name), (positions.shape[0], *layout.shape),
+                                  dtype or layout.dtype, positions.device)
+                for name, layout in layouts.items()
+            }  # fmt: skip
+
+        for start, places, values in self._blocks(quantity, positions, chunk_size):
+            if targets is None:
+                targets = allocate(places, values)
+            for name, place in places.items():
+                place.write(targets[name][start : start + values[name].shape[0]], values[name])
+        return targets if targets is not None else allocate({}, {})
+
+    def _blocks(self, quantity: str, positions: torch.Tensor, chunk_size: int):
+        """``(first draw, {site: Placement}, {site: (D, K, *minibatch shape)})`` for every vectorised call."""
         if quantity not in QUANTITIES:
             raise ValueError(f"quantity must be one of {QUANTITIES}; got {quantity!r}")
         layouts = self.layouts[quantity]
@@ -154,9 +189,7 @@ class FullData:
             for start in range(0, positions.shape[0], draws):
                 block = positions[start : start + draws]
                 for rows, places in blocks:
-                    values = evaluator(block, rows)
-                    for name, place in places.items():
-                        place.write(targets[name][start : start + block.shape[0]], values[name])
+                    yield start, places, evaluator(block, rows)
 
     # ------------------------------------------------------------------ pieces
     def _rows(self, first: int, stop: int, squeeze: bool = False) -> Dict[str, torch.Tensor]:
@@ -204,7 +237,7 @@ class _Evaluator:
         trace = self.full.trace(position, indices, self.model)
         nodes = trace.nodes
         if self.quantity == "log_likelihood":
-            return {name: nodes[name]["fn"].log_prob(nodes[name]["value"]) for name in self.full.observed}
+            return {name: pointwise_log_prob(nodes[name]["fn"], nodes[name]["value"]) for name in self.full.observed}
         return {name: nodes[name]["value"] for name in self.full.observed}
 
     def __call__(self, positions: torch.Tensor, rows: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
