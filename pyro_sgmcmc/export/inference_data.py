@@ -55,7 +55,7 @@ def to_inference_data(
         each plate's axis of an observed site is named after the plate.
     chunk_size : int
         Posterior draws evaluated per vectorised model call (fewer when one call would hold more than
-        :data:`~pyro_sgmcmc.export.pointwise.ELEMENTS_PER_CALL` values of a site); the results do not
+        :func:`~pyro_sgmcmc.export.pointwise.elements_per_call` values of a site); the results do not
         depend on it.
     log_likelihood_dtype : torch.dtype, optional
         The log-likelihood's dtype. By default the model's: float32 data give a float32

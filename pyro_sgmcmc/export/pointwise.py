@@ -12,13 +12,14 @@ One model call evaluates a block of ``D`` draws times ``K`` chunk combinations: 
 nested :func:`torch.func.vmap`, the inner one over the combinations with the latent values shared, the
 outer one over the draws with the indices shared, so that, for a regression, the ``K B`` rows of data meet
 the ``D`` parameter vectors in one matrix product. ``K`` is chosen so that one site's block holds at most
-:data:`ELEMENTS_PER_CALL` values: the memory a call needs is bounded whatever ``N`` and the number of draws.
-The log-likelihood's calls are recorded once per shape of block as the list of operators they ran, checked
-bit for bit against a second call of the model, and replayed (:mod:`~pyro_sgmcmc.export.replay`): Pyro,
-the model's Python and vmap's batching rules then run twice per shape, not at every block. A model whose
-recording is refused (random numbers, a value read to Python) is called at every block, as before. A model
-that cannot run under vmap is evaluated combination by combination, then draw by draw (slower, same
-values). Everything is computed in the model's own dtype (float32 data give a float32 log-likelihood).
+:func:`elements_per_call` values (:data:`ELEMENTS_PER_THREAD` per torch thread): the memory a call needs is
+bounded whatever ``N`` and the number of draws. The log-likelihood's calls are recorded once per shape of
+block as the list of operators they ran, checked bit for bit against a second call of the model, and replayed
+(:mod:`~pyro_sgmcmc.export.replay`): Pyro, the model's Python and vmap's batching rules then run twice per
+shape, not at every block. A model whose recording is refused (random numbers, a value read to Python) is
+called at every block, as before. A model that cannot run under vmap is evaluated combination by combination,
+then draw by draw (slower, same values). Everything is computed in the model's own dtype (float32 data give a
+float32 log-likelihood).
 """
 
 from __future__ import annotations
@@ -38,15 +39,28 @@ from .log_prob import pointwise_log_prob
 from .placement import Placement, target_like
 from .replay import ReplayedCalls
 
-__all__ = ["ELEMENTS_PER_CALL", "FullData", "SiteLayout"]
+__all__ = ["ELEMENTS_PER_CALL", "ELEMENTS_PER_THREAD", "FullData", "SiteLayout", "elements_per_call"]
 
-#: values of one site per vectorised model call: small enough that a block's intermediates (2^17 float32 values:
-#: 0.5 MB each) stay in a core's cache, large enough that the per-call work outside the operators (a replay's
-#: dispatch, the placement of the block) stays small. Measured with the replay on the benchmark's logistic
-#: regression (benchmarks/loglik_export.py's model, 2,048 draws x 20,000 data, float32, one thread, output pages
-#: already touched, 2026-11-27, load 2.3; CPU ns a value, best of 3): 2^15 9.6, 2^16 8.0, 2^17 6.9 (7.3 with 256
-#: draws a call), 2^18 8.2, 2^19 11.3. The peak memory over a 128 MB output stays below 1.3x
-ELEMENTS_PER_CALL = 2**17
+#: values of one site per vectorised model call and torch thread: small enough that a thread's share of a block's
+#: intermediates (2^17 float32 values: 0.5 MB) stays in its core's cache, large enough that the per-call work
+#: outside the operators (a replay's dispatch, the placement of the block, the threads' start and join on each
+#: operator) stays small. Measured with the replay on the benchmark's logistic regression
+#: (benchmarks/loglik_export.py's model, float32): one thread, 2,048 draws x 20,000 data, output pages already
+#: touched (2026-11-27, load 2.3; CPU ns a value, best of 3): 2^15 9.6, 2^16 8.0, 2^17 6.9 (7.3 with 256 draws a
+#: call), 2^18 8.2, 2^19 11.3; two threads, issue 26's case end to end (2026-11-27, wall s): 2^17 a call 1.22,
+#: 2^18 0.96, 2^19 0.97 (one run each, load 0.7-0.8); 2^17 1.18-1.44, 2^18 0.94-1.19 (three alternating runs each,
+#: load 1.1-1.5). The peak memory over a 128 MB output stays below 1.3x
+ELEMENTS_PER_THREAD = 2**17
+#: values of one site per vectorised model call; ``None``: :data:`ELEMENTS_PER_THREAD` times torch's threads
+ELEMENTS_PER_CALL: Optional[int] = None
+
+
+def elements_per_call() -> int:
+    """Values of one site per vectorised model call: :data:`ELEMENTS_PER_CALL` if set, else
+    :data:`ELEMENTS_PER_THREAD` per torch thread (``torch.get_num_threads()``)."""
+    if ELEMENTS_PER_CALL is not None:
+        return ELEMENTS_PER_CALL
+    return ELEMENTS_PER_THREAD * max(1, torch.get_num_threads())
 
 #: ``"log_likelihood"``: ``fn.log_prob(value)`` of each observed site (unscaled, unmasked, as Pyro's trace's
 #: ``unscaled_log_prob``; by :func:`~pyro_sgmcmc.export.log_prob.pointwise_log_prob`); ``"posterior_predictive"``:
@@ -118,8 +132,8 @@ class FullData:
 
     def draws_per_call(self, quantity: str, chunk_size: int) -> int:
         """Draws evaluated together: ``chunk_size``, fewer if one chunk combination of that many would
-        exceed :data:`ELEMENTS_PER_CALL` for a site."""
-        return max(1, min(chunk_size, ELEMENTS_PER_CALL // self._per_combination(quantity)))
+        exceed :func:`elements_per_call` for a site."""
+        return max(1, min(chunk_size, elements_per_call() // self._per_combination(quantity)))
 
     def _per_combination(self, quantity: str) -> int:
         return max((layout.minibatch_numel for layout in self.layouts[quantity].values()), default=1) or 1
@@ -136,7 +150,7 @@ class FullData:
         ``(S, *layout.shape)`` per observed site, any dtype: values are cast on the way in).
 
         The draws go ``chunk_size`` at a time (:meth:`draws_per_call`), the chunk combinations as many at a
-        time as :data:`ELEMENTS_PER_CALL` allows; nothing larger than one call's block is allocated besides
+        time as :func:`elements_per_call` allows; nothing larger than one call's block is allocated besides
         ``targets``."""
         for start, places, values in self._blocks(quantity, positions, chunk_size):
             for name, place in places.items():
@@ -176,7 +190,7 @@ class FullData:
             raise ValueError(f"quantity must be one of {QUANTITIES}; got {quantity!r}")
         layouts = self.layouts[quantity]
         draws = self.draws_per_call(quantity, chunk_size)
-        per_call = ELEMENTS_PER_CALL // (self._per_combination(quantity) * draws)
+        per_call = elements_per_call() // (self._per_combination(quantity) * draws)
         combinations = max(1, min(self.num_combinations, per_call))
         if quantity not in self._evaluators:
             self._evaluators[quantity] = _Evaluator(self, quantity)

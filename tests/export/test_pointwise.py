@@ -209,3 +209,16 @@ def test_a_model_without_a_subsampled_plate():
     expected = dist.Normal(torch.einsum("nk,cdk->cdn", x, w), 0.5).log_prob(y).numpy()
     assert idata.log_likelihood["y"].dims == ("chain", "draw", "data")
     np.testing.assert_allclose(idata.log_likelihood["y"].values, expected, rtol=1e-12, atol=0)
+
+
+def test_a_call_holds_a_fixed_share_of_values_per_torch_thread(monkeypatch):
+    # each thread's share of a block stays cache-sized whatever the threads; a set ELEMENTS_PER_CALL is used as is
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            assert pointwise.elements_per_call() == count * pointwise.ELEMENTS_PER_THREAD
+        monkeypatch.setattr(pointwise, "ELEMENTS_PER_CALL", 200)
+        assert pointwise.elements_per_call() == 200
+    finally:
+        torch.set_num_threads(threads)
