@@ -44,7 +44,16 @@ def pointwise_log_prob(fn: torch.distributions.Distribution, value: torch.Tensor
 
 def bernoulli_logits_log_prob(logits: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """:math:`y\\, l - \\max(l, 0) - \\log(1 + e^{-|l|})`, broadcast over ``logits`` and ``value``: the log
-    mass of ``value`` under ``Bernoulli(logits=logits)``."""
+    mass of ``value`` under ``Bernoulli(logits=logits)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_sgmcmc.export.log_prob import bernoulli_logits_log_prob
+    >>> l, y = torch.tensor([-30.0, 0.0, 30.0]), torch.tensor([0.0, 1.0, 1.0])
+    >>> bernoulli_logits_log_prob(l, y)  # -log1p(e^-30) ~ -9.4e-14 both ends (PyTorch gives -0 at the first)
+    tensor([-9.3576e-14, -6.9315e-01, -9.3576e-14])
+    """
     tail = torch.log1p(torch.exp(logits.abs().neg_()))
     result = value * logits
     return result.sub_(logits.clamp_min(0)).sub_(tail)

@@ -118,7 +118,7 @@ class FullData:
             site = trace.nodes[name]
             value = site["value"]
             with pyro.validation_enabled(False), torch.no_grad():
-                log_prob = site["fn"].log_prob(value)
+                log_prob = pointwise_log_prob(site["fn"], value)
             for quantity, tensor in (("observed_data", value), ("posterior_predictive", value),
                                      ("log_likelihood", log_prob)):  # fmt: skip
                 self.layouts[quantity][name] = _layout(name, site, tensor, sizes)
@@ -152,9 +152,7 @@ class FullData:
         The draws go ``chunk_size`` at a time (:meth:`draws_per_call`), the chunk combinations as many at a
         time as :func:`elements_per_call` allows; nothing larger than one call's block is allocated besides
         ``targets``."""
-        for start, places, values in self._blocks(quantity, positions, chunk_size):
-            for name, place in places.items():
-                place.write(targets[name][start : start + values[name].shape[0]], values[name])
+        self._write(quantity, positions, chunk_size, lambda places, values: targets)
 
     def evaluated(
         self, quantity: str, positions: torch.Tensor, chunk_size: int, dtype: Optional[torch.dtype] = None
@@ -167,25 +165,22 @@ class FullData:
         machine of ``benchmarks/loglik_export.py``, a third of the whole evaluation). A target in the block's
         order (:func:`~pyro_sgmcmc.export.placement.target_like`) takes each block as a streaming copy. The
         tensors are views with the shape asked for; only their strides follow the blocks."""
-        targets: Optional[Dict[str, torch.Tensor]] = None
-        layouts = self.layouts[quantity]
+        targets: Dict[str, torch.Tensor] = {}
 
-        def allocate(places: Mapping[str, Placement], values: Mapping[str, torch.Tensor]):
-            return {
-                name: target_like(places.get(name), values.get(name), (positions.shape[0], *layout.shape),
-                                  dtype or layout.dtype, positions.device)
-                for name, layout in layouts.items()
-            }  # fmt: skip
+        def allocated(places: Mapping[str, Placement], values: Mapping[str, torch.Tensor]):
+            if not targets:  # at the first block (or with no draws), in that block's order
+                for name, layout in self.layouts[quantity].items():
+                    shape = (positions.shape[0], *layout.shape)
+                    targets[name] = target_like(
+                        places.get(name), values.get(name), shape, dtype or layout.dtype, positions.device
+                    )
+            return targets
 
-        for start, places, values in self._blocks(quantity, positions, chunk_size):
-            if targets is None:
-                targets = allocate(places, values)
-            for name, place in places.items():
-                place.write(targets[name][start : start + values[name].shape[0]], values[name])
-        return targets if targets is not None else allocate({}, {})
+        self._write(quantity, positions, chunk_size, allocated)
+        return allocated({}, {})
 
-    def _blocks(self, quantity: str, positions: torch.Tensor, chunk_size: int):
-        """``(first draw, {site: Placement}, {site: (D, K, *minibatch shape)})`` for every vectorised call."""
+    def _write(self, quantity: str, positions: torch.Tensor, chunk_size: int, targets_for: Callable) -> None:
+        """Evaluate every vectorised call and write its block into ``targets_for(places, values)[site]``."""
         if quantity not in QUANTITIES:
             raise ValueError(f"quantity must be one of {QUANTITIES}; got {quantity!r}")
         layouts = self.layouts[quantity]
@@ -203,7 +198,10 @@ class FullData:
             for start in range(0, positions.shape[0], draws):
                 block = positions[start : start + draws]
                 for rows, places in blocks:
-                    yield start, places, evaluator(block, rows)
+                    values = evaluator(block, rows)
+                    targets = targets_for(places, values)
+                    for name, place in places.items():
+                        place.write(targets[name][start : start + block.shape[0]], values[name])
 
     # ------------------------------------------------------------------ pieces
     def _rows(self, first: int, stop: int, squeeze: bool = False) -> Dict[str, torch.Tensor]:
